@@ -1,0 +1,74 @@
+//! `vectorstep validate` and `vectorstep fingerprint`.
+
+use std::path::{Path, PathBuf};
+
+use super::{load_config, Cli};
+use vectorstep::config::Config;
+use vectorstep::pipeline::{self, PipelineSet};
+
+/// Loads pipelines from `paths` (or the configured folder), printing diagnostics.
+pub fn load_pipelines(config: &Config, paths: &[PathBuf]) -> anyhow::Result<PipelineSet> {
+    let paths = if paths.is_empty() {
+        vec![config.pipeline_config_dir.clone()]
+    } else {
+        paths.to_vec()
+    };
+    let (set, diags) = pipeline::load(&paths, config);
+    for d in diags.iter() {
+        eprintln!("{d}");
+    }
+    match set {
+        Some(s) => Ok(s),
+        None => anyhow::bail!("{} error(s); nothing was loaded", diags.error_count()),
+    }
+}
+
+pub fn validate(cli: &Cli, paths: &[PathBuf]) -> anyhow::Result<i32> {
+    let config = load_config(&cli.config)?;
+    let set = load_pipelines(&config, paths)?;
+    println!("{} pipelines OK", set.len());
+    Ok(0)
+}
+
+/// Finds a pipeline by name in the configured folder, or by file path (loading the
+/// file's folder so sub-pipeline references resolve).
+pub fn find_pipeline(config: &Config, name_or_file: &str) -> anyhow::Result<(PipelineSet, String)> {
+    let as_path = Path::new(name_or_file);
+    if as_path.is_file() {
+        let dir = as_path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let set = load_pipelines(config, &[dir])?;
+        let canonical = as_path.canonicalize()?;
+        let name = set
+            .pipelines
+            .iter()
+            .find(|p| p.file.canonicalize().ok().as_deref() == Some(canonical.as_path()))
+            .map(|p| p.name.clone())
+            .ok_or_else(|| anyhow::anyhow!("{name_or_file} holds no valid pipeline"))?;
+        return Ok((set, name));
+    }
+    let set = load_pipelines(config, &[])?;
+    if set.get(name_or_file).is_none() {
+        let names: Vec<&str> = set.pipelines.iter().map(|p| p.name.as_str()).collect();
+        anyhow::bail!(
+            "no pipeline named `{name_or_file}` in {} (known: {})",
+            config.pipeline_config_dir.display(),
+            names.join(", ")
+        );
+    }
+    Ok((set, name_or_file.to_string()))
+}
+
+pub fn fingerprint(cli: &Cli, name_or_file: &str) -> anyhow::Result<i32> {
+    let config = load_config(&cli.config)?;
+    let (set, name) = find_pipeline(&config, name_or_file)?;
+    let p = set
+        .get(&name)
+        .ok_or_else(|| anyhow::anyhow!("pipeline `{name}` vanished"))?;
+    println!("{}", p.fingerprint);
+    Ok(0)
+}

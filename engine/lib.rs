@@ -1,0 +1,8 @@
+//! vectorstep: durable, YAML-defined ops-automation pipelines.
+
+pub mod config;
+pub mod decode;
+pub mod diag;
+pub mod pipeline;
+pub mod store;
+pub mod yaml;

@@ -1,0 +1,639 @@
+//! Validation of step list entries: plain steps, `parallel:` groups and `fan_out:`.
+
+use serde_json::Value as Json;
+
+use super::model::*;
+use super::template::Expr;
+use super::validate::Ctx;
+use crate::decode::{join, Obj, IGNORED_VECTORSTEP_KEYS};
+use crate::diag::Diagnostics;
+use crate::yaml::Node;
+
+pub const STEP_KEYS: &[&str] = &[
+    "name",
+    "executor",
+    "executor_config",
+    "prompt_template",
+    "confidence_threshold",
+    "on_low_confidence",
+    "on_abort",
+    "timeout_seconds",
+    "when",
+    "retry",
+    "loop_until",
+    "on_failure",
+    "include_approx_cost",
+];
+pub const LIBRARY_EXTRA_KEYS: &[&str] = &["description", "tags"];
+const PARALLEL_KEYS: &[&str] = &[
+    "name",
+    "join",
+    "confidence_threshold",
+    "on_low_confidence",
+    "on_abort",
+    "timeout_seconds",
+    "when",
+    "steps",
+];
+pub const BRANCH_KEYS: &[&str] = &[
+    "name",
+    "executor",
+    "executor_config",
+    "prompt_template",
+    "timeout_seconds",
+    "weight",
+];
+const FANOUT_KEYS: &[&str] = &[
+    "name",
+    "over",
+    "as",
+    "as_var",
+    "executor",
+    "executor_config",
+    "prompt_template",
+    "timeout_seconds",
+    "join",
+    "confidence_threshold",
+    "on_low_confidence",
+    "on_abort",
+    "max_items",
+    "on_empty",
+    "when",
+];
+/// Library keys a fan-out takes over from `use:`.
+pub const FANOUT_LIBRARY_KEYS: &[&str] = &[
+    "executor",
+    "executor_config",
+    "prompt_template",
+    "timeout_seconds",
+];
+
+/// Validates one entry of a `steps:` list.
+pub fn entry(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Entry> {
+    if n.as_map().is_none() {
+        d.error_hint(
+            &n.span,
+            path,
+            format!("expected a step mapping, found {}", n.type_name()),
+            "a step list entry is a step (`name` + `executor`, or `use:`), a `parallel:` group or a `fan_out:`",
+        );
+        return None;
+    }
+    if let Some(inner) = n.get("parallel") {
+        Obj::new(n, path, &["parallel"], &[], d)?;
+        return parallel(inner, &join(path, "parallel"), cx, d).map(Entry::Parallel);
+    }
+    if let Some(inner) = n.get("fan_out") {
+        Obj::new(n, path, &["fan_out"], &[], d)?;
+        let p = join(path, "fan_out");
+        let resolved = cx.library.resolve(inner, Some(FANOUT_LIBRARY_KEYS), &p, d);
+        return fan_out(&resolved, &p, cx, d).map(Entry::FanOut);
+    }
+    let resolved = cx.library.resolve(n, None, path, d);
+    step(&resolved, path, STEP_KEYS, cx, d).map(Entry::Step)
+}
+
+fn gate(o: &Obj<'_>, d: &mut Diagnostics) -> Gate {
+    Gate {
+        confidence_threshold: o.fraction(d, "confidence_threshold").unwrap_or(0.75),
+        on_low_confidence: match o
+            .choice(d, "on_low_confidence", &["escalate", "abort", "proceed"])
+            .as_deref()
+        {
+            Some("abort") => LowConfidence::Abort,
+            Some("proceed") => LowConfidence::Proceed,
+            _ => LowConfidence::Escalate,
+        },
+        on_abort: o.str(d, "on_abort").unwrap_or_else(|| "notify".into()),
+    }
+}
+
+fn join_strategy(o: &Obj<'_>, d: &mut Diagnostics) -> Join {
+    match o
+        .choice(
+            d,
+            "join",
+            &["all_must_pass", "any_must_pass", "weighted_average"],
+        )
+        .as_deref()
+    {
+        Some("any_must_pass") => Join::AnyMustPass,
+        Some("weighted_average") => Join::WeightedAverage,
+        _ => Join::AllMustPass,
+    }
+}
+
+fn when(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Expr> {
+    let n = o.get("when")?;
+    let src = match n.scalar_text() {
+        Some(s) => s,
+        None => {
+            d.error(
+                &n.span,
+                &o.path_of("when"),
+                format!("expected an expression, found {}", n.type_name()),
+            );
+            return None;
+        }
+    };
+    let src = src
+        .trim()
+        .trim_start_matches("{{")
+        .trim_end_matches("}}")
+        .trim()
+        .to_string();
+    cx.check_refs(&src, n, &o.path_of("when"), d);
+    match cx.templates.add_expr(&o.path_of("when"), &src) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            d.error_hint(
+                &n.span,
+                &o.path_of("when"),
+                format!("`{src}` does not compile: {}", e.message),
+                "`when:` is a bare Jinja expression such as `steps.triage.confidence < 0.5`",
+            );
+            None
+        }
+    }
+}
+
+/// Checks the shared parts of a unit of work and the executor's own config.
+fn action(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Action> {
+    let executor_name = o.req_str(d, "executor");
+    let config = o
+        .json_map(d, "executor_config")
+        .unwrap_or(Json::Object(Default::default()));
+    let prompt = cx.template(o, "prompt_template", d);
+    let timeout_seconds = o.seconds(d, "timeout_seconds").filter(|s| *s > 0.0);
+    let executor_name = executor_name?;
+    let Some(executor) = ExecutorKind::parse(&executor_name) else {
+        let n = o.get("executor").unwrap_or(o.node);
+        let msg = format!("unknown executor `{executor_name}`");
+        let mut hint = String::new();
+        if let Some(s) =
+            crate::diag::did_you_mean(&executor_name, ExecutorKind::NAMES.iter().copied())
+        {
+            hint.push_str(&format!("did you mean `{s}`? "));
+        }
+        hint.push_str(&format!("executors: {}", ExecutorKind::NAMES.join(", ")));
+        d.error_hint(&n.span, &o.path_of("executor"), msg, hint);
+        return None;
+    };
+    let cfg_node = o.get("executor_config");
+    let cfg_path = o.path_of("executor_config");
+    let mut config_templates = Vec::new();
+    let mut agent = None;
+    let cfg_span = cfg_node.map(|n| &n.span).unwrap_or(o.span()).clone();
+    let field = |key: &str| cfg_node.and_then(|n| n.get(key)).filter(|n| !n.is_null());
+    match executor {
+        ExecutorKind::Agent => match field("agent") {
+            None => {
+                d.error_hint(
+                    &cfg_span,
+                    &cfg_path,
+                    "the agent executor needs `executor_config.agent`",
+                    format!(
+                        "name one of the agents in config.yaml: {}",
+                        cx.agent_names()
+                    ),
+                );
+            }
+            Some(n) => match n.as_str() {
+                Some(a) if cx.config.agents.contains_key(a) => agent = Some(a.to_string()),
+                Some(a) => {
+                    let known = cx.agent_names();
+                    let mut hint = String::new();
+                    if let Some(s) =
+                        crate::diag::did_you_mean(a, cx.config.agents.keys().map(String::as_str))
+                    {
+                        hint.push_str(&format!("did you mean `{s}`? "));
+                    }
+                    hint.push_str(&format!("agents defined in config.yaml: {known}"));
+                    d.error_hint(
+                        &n.span,
+                        &join(&cfg_path, "agent"),
+                        format!("unknown agent `{a}`"),
+                        hint,
+                    );
+                }
+                None => {
+                    d.error(
+                        &n.span,
+                        &join(&cfg_path, "agent"),
+                        format!("expected an agent name, found {}", n.type_name()),
+                    );
+                }
+            },
+        },
+        ExecutorKind::Webhook => match field("url") {
+            Some(n) if n.as_str().is_some() => {
+                if let Some(t) = cx.template_node(n, &join(&cfg_path, "url"), d) {
+                    config_templates.push(("url".to_string(), t));
+                }
+            }
+            Some(n) => {
+                d.error(
+                    &n.span,
+                    &join(&cfg_path, "url"),
+                    format!("expected a URL string, found {}", n.type_name()),
+                );
+            }
+            None => {
+                d.error_hint(
+                    &cfg_span,
+                    &cfg_path,
+                    "the webhook executor needs `executor_config.url`",
+                    "e.g. `executor_config: {url: \"https://hooks.example/alert\"}`",
+                );
+            }
+        },
+        ExecutorKind::Shell => match field("command") {
+            Some(n) => match n.as_seq() {
+                Some(items) if !items.is_empty() => {
+                    for (i, item) in items.iter().enumerate() {
+                        let p = format!("{}[{i}]", join(&cfg_path, "command"));
+                        if item.scalar_text().is_none() {
+                            d.error(
+                                &item.span,
+                                &p,
+                                format!("expected a string, found {}", item.type_name()),
+                            );
+                            continue;
+                        }
+                        let mut it = item.clone();
+                        if let Some(s) = item.scalar_text() {
+                            it.value = crate::yaml::Value::Str(s);
+                        }
+                        if let Some(t) = cx.template_node(&it, &p, d) {
+                            config_templates.push((format!("command/{i}"), t));
+                        }
+                    }
+                }
+                Some(_) => {
+                    d.error(
+                        &n.span,
+                        &join(&cfg_path, "command"),
+                        "the command list is empty",
+                    );
+                }
+                None => {
+                    d.error_hint(
+                        &n.span,
+                        &join(&cfg_path, "command"),
+                        format!("expected an argv list, found {}", n.type_name()),
+                        "commands run without a shell: write `command: [\"df\", \"-h\", \"{{ labels.mount }}\"]`",
+                    );
+                }
+            },
+            None => {
+                d.error_hint(
+                    &cfg_span,
+                    &cfg_path,
+                    "the shell executor needs `executor_config.command`",
+                    "an argv list such as `[\"systemctl\", \"status\", \"nginx\"]`",
+                );
+            }
+        },
+        ExecutorKind::Pipeline => match field("pipeline").map(|n| (n, n.as_str())) {
+            Some((n, Some(name))) => cx.subpipeline_refs.push((
+                name.to_string(),
+                n.span.clone(),
+                join(&cfg_path, "pipeline"),
+            )),
+            Some((n, None)) => {
+                d.error(
+                    &n.span,
+                    &join(&cfg_path, "pipeline"),
+                    format!("expected a pipeline name, found {}", n.type_name()),
+                );
+            }
+            None => {
+                d.error(
+                    &cfg_span,
+                    &cfg_path,
+                    "the pipeline executor needs `executor_config.pipeline`",
+                );
+            }
+        },
+        ExecutorKind::Notify => {
+            if let Some(n) = field("channel") {
+                match n.as_str() {
+                    Some("log" | "webhook" | "telegram") => {}
+                    _ => {
+                        d.error_hint(
+                            &n.span,
+                            &join(&cfg_path, "channel"),
+                            "unknown notify channel",
+                            "channels: log, webhook, telegram",
+                        );
+                    }
+                }
+                if n.as_str() == Some("webhook") && field("url").is_none() {
+                    d.error(
+                        &cfg_span,
+                        &cfg_path,
+                        "the webhook channel needs `executor_config.url`",
+                    );
+                }
+            }
+        }
+        ExecutorKind::Mock => {
+            if let Some(n) = field("output") {
+                if n.as_map().is_none() {
+                    d.error(
+                        &n.span,
+                        &join(&cfg_path, "output"),
+                        format!("expected a mapping, found {}", n.type_name()),
+                    );
+                } else {
+                    collect_string_templates(
+                        n,
+                        "output",
+                        &join(&cfg_path, "output"),
+                        cx,
+                        &mut config_templates,
+                        d,
+                    );
+                }
+            }
+        }
+        ExecutorKind::Human => {}
+    }
+    Some(Action {
+        executor_name,
+        executor,
+        config,
+        agent,
+        prompt,
+        config_templates,
+        timeout_seconds,
+    })
+}
+
+/// Compiles every string inside `n` that looks like a template.
+fn collect_string_templates(
+    n: &Node,
+    pointer: &str,
+    path: &str,
+    cx: &mut Ctx,
+    out: &mut Vec<(String, super::template::Template)>,
+    d: &mut Diagnostics,
+) {
+    use crate::yaml::Value;
+    match &n.value {
+        Value::Str(s) if s.contains("{{") || s.contains("{%") => {
+            if let Some(t) = cx.template_node(n, path, d) {
+                out.push((pointer.to_string(), t));
+            }
+        }
+        Value::Map(entries) => {
+            for (k, v) in entries {
+                let key = k.scalar_text().unwrap_or_default();
+                collect_string_templates(
+                    v,
+                    &format!("{pointer}/{key}"),
+                    &join(path, &key),
+                    cx,
+                    out,
+                    d,
+                );
+            }
+        }
+        Value::Seq(items) => {
+            for (i, v) in items.iter().enumerate() {
+                collect_string_templates(
+                    v,
+                    &format!("{pointer}/{i}"),
+                    &format!("{path}[{i}]"),
+                    cx,
+                    out,
+                    d,
+                );
+            }
+        }
+        _ => {}
+    }
+}
+
+pub fn step(
+    n: &Node,
+    path: &str,
+    keys: &[&str],
+    cx: &mut Ctx,
+    d: &mut Diagnostics,
+) -> Option<Step> {
+    let o = Obj::new(n, path, keys, IGNORED_VECTORSTEP_KEYS, d)?;
+    let name = cx.unit_name(&o, d);
+    let gate = gate(&o, d);
+    let when = when(&o, cx, d);
+    let action = action(&o, cx, d);
+    let retry = o.get("retry").and_then(|r| {
+        let ro = Obj::new(
+            r,
+            &o.path_of("retry"),
+            &["attempts", "backoff", "delay_seconds"],
+            &[],
+            d,
+        )?;
+        Some(Retry {
+            attempts: ro.at_least_one(d, "attempts").unwrap_or(3).min(1000) as u32,
+            backoff: match ro
+                .choice(d, "backoff", &["fixed", "exponential"])
+                .as_deref()
+            {
+                Some("fixed") => Backoff::Fixed,
+                _ => Backoff::Exponential,
+            },
+            delay_seconds: ro.seconds(d, "delay_seconds").unwrap_or(1.0),
+        })
+    });
+    let loop_until = o.get("loop_until").and_then(|l| {
+        let lo = Obj::new(
+            l,
+            &o.path_of("loop_until"),
+            &["confidence", "max_iterations"],
+            &[],
+            d,
+        )?;
+        if !lo.has("confidence") {
+            lo.missing(d, "confidence");
+        }
+        Some(LoopUntil {
+            confidence: lo.fraction(d, "confidence")?,
+            max_iterations: lo.at_least_one(d, "max_iterations").unwrap_or(3).min(1000) as u32,
+        })
+    });
+    let on_failure = on_failure(&o, cx, d);
+    let include_approx_cost = o.bool(d, "include_approx_cost");
+    Some(Step {
+        name: name?,
+        action: action?,
+        gate,
+        when,
+        retry,
+        loop_until,
+        on_failure,
+        include_approx_cost,
+    })
+}
+
+fn on_failure(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> OnFailure {
+    let default = OnFailure {
+        continue_run: false,
+        webhook: None,
+    };
+    let Some(n) = o.get("on_failure") else {
+        return default;
+    };
+    let path = o.path_of("on_failure");
+    if let Some(s) = n.as_str() {
+        return match s {
+            "abort" => default,
+            "continue" => OnFailure {
+                continue_run: true,
+                webhook: None,
+            },
+            other => {
+                d.error_hint(&n.span, &path, format!("`{other}` is not one of: abort, continue"), "use `on_failure: continue` or the block form `{policy: continue, webhook: {url: ...}}`");
+                default
+            }
+        };
+    }
+    let Some(b) = Obj::new(n, &path, &["policy", "webhook"], &[], d) else {
+        return default;
+    };
+    let continue_run = b.choice(d, "policy", &["abort", "continue"]).as_deref() == Some("continue");
+    let webhook = b.get("webhook").and_then(|w| {
+        let wp = b.path_of("webhook");
+        let wo = Obj::new(
+            w,
+            &wp,
+            &["url", "method", "headers", "payload", "timeout_seconds"],
+            &[],
+            d,
+        )?;
+        let url = wo.req_str(d, "url");
+        let method = wo
+            .choice(d, "method", &["POST", "PUT", "PATCH", "GET"])
+            .unwrap_or_else(|| "POST".into());
+        let headers = wo.str_map(d, "headers").unwrap_or_default();
+        let payload = wo
+            .json_map(d, "payload")
+            .unwrap_or(Json::Object(Default::default()));
+        let mut payload_templates = Vec::new();
+        if let Some(p) = wo.get("payload") {
+            collect_string_templates(p, "", &wo.path_of("payload"), cx, &mut payload_templates, d);
+        }
+        Some(FailureWebhook {
+            url: url?,
+            method,
+            headers,
+            payload,
+            payload_templates,
+            timeout_seconds: wo.seconds(d, "timeout_seconds").unwrap_or(30.0),
+        })
+    });
+    OnFailure {
+        continue_run,
+        webhook,
+    }
+}
+
+fn parallel(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Parallel> {
+    let o = Obj::new(n, path, PARALLEL_KEYS, &["readiness"], d)?;
+    let name = cx.unit_name(&o, d);
+    let join = join_strategy(&o, d);
+    let gate = gate(&o, d);
+    let timeout_seconds = o.seconds(d, "timeout_seconds").filter(|s| *s > 0.0);
+    let when = when(&o, cx, d);
+    let mut branches = Vec::new();
+    match o.get("steps") {
+        None => o.missing(d, "steps"),
+        Some(list) => match list.as_seq() {
+            None => {
+                d.error(
+                    &list.span,
+                    &o.path_of("steps"),
+                    format!("expected a list of branches, found {}", list.type_name()),
+                );
+            }
+            Some(items) => {
+                let group = name.clone().unwrap_or_default();
+                for (i, item) in items.iter().enumerate() {
+                    let bp = format!("{}[{i}]", o.path_of("steps"));
+                    let resolved = cx.library.resolve(item, Some(BRANCH_KEYS), &bp, d);
+                    if let Some(b) = branch(&resolved, &bp, &group, cx, d) {
+                        branches.push(b);
+                    }
+                }
+            }
+        },
+    }
+    Some(Parallel {
+        name: name?,
+        join,
+        gate,
+        timeout_seconds,
+        when,
+        branches,
+    })
+}
+
+fn branch(n: &Node, path: &str, group: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Branch> {
+    let o = Obj::new(n, path, BRANCH_KEYS, &["verifier"], d)?;
+    let name = o.req_str(d, "name");
+    if let (Some(nm), Some(node)) = (&name, o.get("name")) {
+        cx.check_name(nm, node, &o.path_of("name"), d);
+        cx.claim_path(&format!("{group}/{nm}"), node, &o.path_of("name"), d);
+    }
+    let action = action(&o, cx, d);
+    let weight = o.f64(d, "weight").unwrap_or(1.0);
+    if weight < 0.0 {
+        d.error(o.span(), &o.path_of("weight"), "weight must be >= 0");
+    }
+    Some(Branch {
+        name: name?,
+        action: action?,
+        weight,
+    })
+}
+
+fn fan_out(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<FanOut> {
+    let o = Obj::new(n, path, FANOUT_KEYS, &["verifier", "readiness"], d)?;
+    let name = cx.unit_name(&o, d);
+    if !o.has("over") {
+        o.missing(d, "over");
+    }
+    let over = o.get("over").and_then(|_| {
+        let t = cx.template(&o, "over", d);
+        (!t.is_empty()).then_some(t)
+    });
+    let item_var = o
+        .str(d, "as")
+        .or_else(|| o.str(d, "as_var"))
+        .unwrap_or_else(|| "item".into());
+    let action = action(&o, cx, d);
+    let join = join_strategy(&o, d);
+    let gate = gate(&o, d);
+    let max_items = o.at_least_one(d, "max_items").unwrap_or(20) as usize;
+    let on_empty = match o
+        .choice(d, "on_empty", &["complete", "skip", "abort"])
+        .as_deref()
+    {
+        Some("skip") => OnEmpty::Skip,
+        Some("abort") => OnEmpty::Abort,
+        _ => OnEmpty::Complete,
+    };
+    let when = when(&o, cx, d);
+    Some(FanOut {
+        name: name?,
+        over: over?,
+        item_var,
+        action: action?,
+        join,
+        gate,
+        max_items,
+        on_empty,
+        when,
+    })
+}

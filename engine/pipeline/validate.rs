@@ -1,0 +1,580 @@
+//! The validation pass: a parsed YAML tree in, a [`Pipeline`] out, and every problem
+//! collected on the way. Only this module (with `steps`) knows the authored shape.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::library::Library;
+use super::model::*;
+use super::steps;
+use super::template::{step_references, Template, Templates};
+use crate::config::Config;
+use crate::decode::{join, Obj};
+use crate::diag::{Diagnostics, Span};
+use crate::yaml::{Node, ScalarStyle};
+
+const PIPELINE_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "tags",
+    "version",
+    "stage",
+    "trigger",
+    "vars",
+    "context_template",
+    "steps",
+    "notifications",
+    "schedule",
+    "budget",
+    "durable",
+];
+
+/// What validation of one pipeline needs from outside, and what it collects.
+pub struct Ctx<'a> {
+    pub config: &'a Config,
+    pub library: &'a Library,
+    pub templates: Templates,
+    /// `executor: pipeline` references, checked once every pipeline is loaded.
+    pub subpipeline_refs: Vec<(String, Span, String)>,
+    claimed: HashMap<String, Span>,
+    available: HashSet<String>,
+    fan_outs: Vec<String>,
+    current: String,
+}
+
+impl<'a> Ctx<'a> {
+    pub fn new(config: &'a Config, library: &'a Library) -> Self {
+        Ctx {
+            config,
+            library,
+            templates: Templates::new(),
+            subpipeline_refs: Vec::new(),
+            claimed: HashMap::new(),
+            available: HashSet::new(),
+            fan_outs: Vec::new(),
+            current: String::new(),
+        }
+    }
+
+    pub fn agent_names(&self) -> String {
+        let names: Vec<&str> = self.config.agents.keys().map(String::as_str).collect();
+        if names.is_empty() {
+            "(none defined)".into()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// Reads and claims the `name` of a step, group or fan-out.
+    pub fn unit_name(&mut self, o: &Obj<'_>, d: &mut Diagnostics) -> Option<String> {
+        let name = o.req_str(d, "name")?;
+        let node = o.get("name").unwrap_or(o.node);
+        self.check_name(&name, node, &o.path_of("name"), d);
+        self.claim_path(&name, node, &o.path_of("name"), d);
+        self.current = name.clone();
+        Some(name)
+    }
+
+    pub fn check_name(&self, name: &str, node: &Node, path: &str, d: &mut Diagnostics) {
+        if name.trim().is_empty() {
+            d.error(&node.span, path, "a name cannot be empty");
+        } else if name.contains('/') {
+            d.error_hint(
+                &node.span,
+                path,
+                format!("`{name}` contains `/`"),
+                "`/` separates a group from its branches in step paths; use `-` or `_`",
+            );
+        }
+    }
+
+    /// Records a step path; a second unit with the same path is an error.
+    pub fn claim_path(&mut self, p: &str, node: &Node, path: &str, d: &mut Diagnostics) {
+        if let Some(first) = self.claimed.get(p) {
+            d.error_hint(
+                &node.span,
+                path,
+                format!("duplicate step name `{p}`"),
+                format!(
+                    "first used at line {}; step paths must be unique within a pipeline",
+                    first.line
+                ),
+            );
+        } else {
+            self.claimed.insert(p.to_string(), node.span.clone());
+        }
+    }
+
+    fn make_available(&mut self, name: &str) {
+        self.available.insert(name.to_string());
+        self.available.insert(name.replace('-', "_"));
+    }
+
+    /// Warns about `steps.X` references to steps that do not run earlier.
+    pub fn check_refs(&self, source: &str, node: &Node, path: &str, d: &mut Diagnostics) {
+        for r in step_references(source) {
+            let known = self.available.contains(&r)
+                || r.split_once('/').is_some_and(|(fo, i)| {
+                    self.fan_outs.iter().any(|f| f == fo) && i.chars().all(|c| c.is_ascii_digit())
+                });
+            if !known {
+                d.warning(
+                    &node.span,
+                    path,
+                    format!(
+                        "`steps.{r}` refers to a step that does not run before `{}`; it will render empty",
+                        self.current
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Compiles the template at `o[key]` (absent: empty template).
+    pub fn template(&mut self, o: &Obj<'_>, key: &str, d: &mut Diagnostics) -> Template {
+        let Some(n) = o.get(key) else {
+            return Template::empty();
+        };
+        if n.as_str().is_none() {
+            d.error(
+                &n.span,
+                &o.path_of(key),
+                format!("expected a template string, found {}", n.type_name()),
+            );
+            return Template::empty();
+        }
+        self.template_node(n, &o.path_of(key), d)
+            .unwrap_or_else(Template::empty)
+    }
+
+    /// Compiles a string node as a template, mapping syntax errors to the YAML line
+    /// they sit on (inside block scalars too).
+    pub fn template_node(&mut self, n: &Node, path: &str, d: &mut Diagnostics) -> Option<Template> {
+        let source = n.as_str()?;
+        self.check_refs(source, n, path, d);
+        match self.templates.add(path, source) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                let leading_blank = source.chars().take_while(|c| *c == '\n').count();
+                let line = match n.style {
+                    ScalarStyle::Block => (n.span.line + e.line).saturating_sub(1 + leading_blank),
+                    _ => n.span.line + e.line - 1,
+                };
+                let span = Span::new(n.span.file.clone(), line.max(1), n.span.col);
+                d.error_hint(&span, path, e.message, "templates use Jinja syntax: `{{ labels.service }}`, `{% if ... %}...{% endif %}`");
+                None
+            }
+        }
+    }
+}
+
+/// Validates one pipeline document.
+pub fn pipeline(
+    root: &Node,
+    file: &Path,
+    config: &Config,
+    library: &Library,
+    d: &mut Diagnostics,
+) -> Option<(Pipeline, Vec<(String, Span, String)>)> {
+    let o = Obj::new(root, "", PIPELINE_KEYS, &["readiness"], d)?;
+    let mut cx = Ctx::new(config, library);
+    let name = o.req_str(d, "name");
+    if let (Some(n), Some(node)) = (&name, o.get("name")) {
+        if n.trim().is_empty() {
+            d.error(&node.span, "name", "a pipeline name cannot be empty");
+        }
+    }
+    let description = o.str(d, "description").unwrap_or_default();
+    let tags = o.str_list(d, "tags").unwrap_or_default();
+    let version = o.u64(d, "version").unwrap_or(1) as i64;
+    let stage = match o.choice(d, "stage", &["testing", "production"]).as_deref() {
+        Some("production") => Stage::Production,
+        _ => Stage::Testing,
+    };
+    let trigger = match o.get("trigger") {
+        Some(t) => trigger(t, d),
+        None => {
+            o.missing(d, "trigger");
+            None
+        }
+    };
+    let vars: BTreeMap<String, String> = o
+        .str_map(d, "vars")
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let context_include = o
+        .get("context_template")
+        .and_then(|c| Obj::new(c, "context_template", &["include"], &[], d))
+        .and_then(|c| c.str_list(d, "include"))
+        .unwrap_or_default();
+    // Template context names that are always there, so `steps.X` checks know them.
+    let mut entries = Vec::new();
+    match o.get("steps") {
+        None => o.missing(d, "steps"),
+        Some(list) => match list.as_seq() {
+            None => {
+                d.error_hint(
+                    &list.span,
+                    "steps",
+                    format!("expected a list of steps, found {}", list.type_name()),
+                    "write each step as a list item starting with `- name:`",
+                );
+            }
+            Some(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let path = format!("steps[{i}]");
+                    if let Some(e) = steps::entry(item, &path, &mut cx, d) {
+                        match &e {
+                            Entry::Step(s) => cx.make_available(&s.name),
+                            Entry::Parallel(p) => {
+                                cx.make_available(&p.name);
+                                for b in &p.branches {
+                                    cx.make_available(&b.name);
+                                }
+                            }
+                            Entry::FanOut(f) => {
+                                cx.make_available(&f.name);
+                                cx.fan_outs.push(f.name.clone());
+                            }
+                        }
+                        entries.push(e);
+                    }
+                }
+            }
+        },
+    }
+    cx.current = "notifications".into();
+    let notifications = o
+        .get("notifications")
+        .map(|n| notifications(n, &mut cx, d))
+        .unwrap_or_default();
+    let schedule = o.get("schedule").and_then(|n| schedule(n, d));
+    let budget = o.get("budget").and_then(|n| budget(n, d));
+    let durable = o.get("durable").and_then(|n| durable(n, d));
+    let fingerprint = super::fingerprint::of_entries(&entries);
+    let pipeline = Pipeline {
+        name: name?,
+        description,
+        tags,
+        version,
+        stage,
+        trigger: trigger?,
+        vars,
+        context_include,
+        steps: entries,
+        notifications,
+        schedule,
+        budget,
+        durable,
+        file: file.to_path_buf(),
+        fingerprint,
+        templates: Arc::new(cx.templates),
+    };
+    Some((pipeline, cx.subpipeline_refs))
+}
+
+fn trigger(n: &Node, d: &mut Diagnostics) -> Option<Trigger> {
+    let o = Obj::new(n, "trigger", &["match", "dedup"], &[], d)?;
+    let mut conditions = Vec::new();
+    if let Some(m) = o.get("match") {
+        match m.as_map() {
+            None => {
+                d.error(
+                    &m.span,
+                    "trigger.match",
+                    format!("expected a mapping of conditions, found {}", m.type_name()),
+                );
+            }
+            Some(entries) => {
+                for (k, v) in entries {
+                    let key = k.scalar_text().unwrap_or_default();
+                    let path = join("trigger.match", &key);
+                    if let Some(op) = match_op(v, &path, d) {
+                        conditions.push((key, op));
+                    }
+                }
+            }
+        }
+    }
+    let (mut dedup_enabled, mut dedup_window_seconds) = (None, None);
+    if let Some(dd) = o.get("dedup") {
+        if let Some(dobj) = Obj::new(dd, "trigger.dedup", &["enabled", "window_seconds"], &[], d) {
+            dedup_enabled = dobj.bool(d, "enabled");
+            dedup_window_seconds = dobj.u64(d, "window_seconds");
+        }
+    }
+    Some(Trigger {
+        conditions,
+        dedup_enabled,
+        dedup_window_seconds,
+    })
+}
+
+const MATCH_OPS: &[&str] = &[
+    "eq", "ne", "in", "not_in", "regex", "gt", "gte", "lt", "lte",
+];
+
+fn match_op(v: &Node, path: &str, d: &mut Diagnostics) -> Option<MatchOp> {
+    let Some(entries) = v.as_map() else {
+        return Some(MatchOp::Eq(v.to_json()));
+    };
+    if entries.len() != 1 {
+        d.error_hint(
+            &v.span,
+            path,
+            "a match condition has exactly one operator",
+            format!("operators: {}", MATCH_OPS.join(", ")),
+        );
+        return None;
+    }
+    let (k, operand) = &entries[0];
+    let op = k.scalar_text().unwrap_or_default();
+    let number = |d: &mut Diagnostics| -> Option<f64> {
+        match &operand.value {
+            crate::yaml::Value::Int(i) => Some(*i as f64),
+            crate::yaml::Value::Float(f) => Some(*f),
+            crate::yaml::Value::Str(s) if s.trim().parse::<f64>().is_ok() => s.trim().parse().ok(),
+            _ => {
+                d.error(
+                    &operand.span,
+                    &join(path, &op),
+                    format!("`{op}` compares numbers; found {}", operand.type_name()),
+                );
+                None
+            }
+        }
+    };
+    Some(match op.as_str() {
+        "eq" => MatchOp::Eq(operand.to_json()),
+        "ne" => MatchOp::Ne(operand.to_json()),
+        "in" | "not_in" => {
+            if operand.as_seq().is_none() && operand.as_str().is_none() {
+                d.error(
+                    &operand.span,
+                    &join(path, &op),
+                    format!(
+                        "`{op}` needs a list (or a string for substring tests), found {}",
+                        operand.type_name()
+                    ),
+                );
+                return None;
+            }
+            if op == "in" {
+                MatchOp::In(operand.to_json())
+            } else {
+                MatchOp::NotIn(operand.to_json())
+            }
+        }
+        "regex" => {
+            let Some(src) = operand.as_str() else {
+                d.error(
+                    &operand.span,
+                    &join(path, "regex"),
+                    format!(
+                        "expected a regular expression string, found {}",
+                        operand.type_name()
+                    ),
+                );
+                return None;
+            };
+            match regex::Regex::new(src) {
+                Ok(re) => MatchOp::Regex(re),
+                Err(e) => {
+                    let first = e
+                        .to_string()
+                        .lines()
+                        .last()
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string();
+                    d.error(
+                        &operand.span,
+                        &join(path, "regex"),
+                        format!("invalid regular expression `{src}`: {first}"),
+                    );
+                    return None;
+                }
+            }
+        }
+        "gt" => MatchOp::Gt(number(d)?),
+        "gte" => MatchOp::Gte(number(d)?),
+        "lt" => MatchOp::Lt(number(d)?),
+        "lte" => MatchOp::Lte(number(d)?),
+        other => {
+            let mut hint = String::new();
+            if let Some(s) = crate::diag::did_you_mean(other, MATCH_OPS.iter().copied()) {
+                hint.push_str(&format!("did you mean `{s}`? "));
+            }
+            hint.push_str(&format!("operators: {}", MATCH_OPS.join(", ")));
+            d.error_hint(
+                &k.span,
+                path,
+                format!("unknown match operator `{other}`"),
+                hint,
+            );
+            return None;
+        }
+    })
+}
+
+fn notifications(
+    n: &Node,
+    cx: &mut Ctx,
+    d: &mut Diagnostics,
+) -> BTreeMap<String, Vec<Notification>> {
+    let mut out = BTreeMap::new();
+    let Some(entries) = n.as_map() else {
+        d.error(
+            &n.span,
+            "notifications",
+            format!("expected a mapping of actions, found {}", n.type_name()),
+        );
+        return out;
+    };
+    for (k, v) in entries {
+        let action = k.scalar_text().unwrap_or_default();
+        let path = join("notifications", &action);
+        let items: Vec<(&Node, String)> = match v.as_seq() {
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n, format!("{path}[{i}]")))
+                .collect(),
+            None => vec![(v, path.clone())],
+        };
+        let mut list = Vec::new();
+        for (item, p) in items {
+            let Some(o) = Obj::new(item, &p, &["channel", "template", "config"], &[], d) else {
+                continue;
+            };
+            let channel = o.choice(d, "channel", &["log", "webhook", "telegram"]);
+            if !o.has("channel") {
+                o.missing(d, "channel");
+            }
+            if !o.has("template") {
+                o.missing(d, "template");
+            }
+            let template = cx.template(&o, "template", d);
+            let config = o
+                .json_map(d, "config")
+                .unwrap_or(serde_json::Value::Object(Default::default()));
+            if channel.as_deref() == Some("webhook") && config.get("url").is_none() {
+                d.error(o.span(), &p, "the webhook channel needs `config.url`");
+            }
+            if let Some(channel) = channel {
+                list.push(Notification {
+                    channel,
+                    template,
+                    config,
+                });
+            }
+        }
+        out.insert(action, list);
+    }
+    out
+}
+
+fn schedule(n: &Node, d: &mut Diagnostics) -> Option<Schedule> {
+    let o = Obj::new(
+        n,
+        "schedule",
+        &["cron", "summary", "severity", "labels", "team"],
+        &[],
+        d,
+    )?;
+    let cron = o.req_str(d, "cron")?;
+    if let Err(e) = croner::Cron::new(&cron).parse() {
+        let node = o.get("cron").unwrap_or(n);
+        d.error_hint(
+            &node.span,
+            "schedule.cron",
+            format!("invalid cron expression `{cron}`: {e}"),
+            "five fields: minute hour day-of-month month day-of-week, e.g. `*/15 * * * *`",
+        );
+        return None;
+    }
+    Some(Schedule {
+        cron,
+        summary: o.str(d, "summary").unwrap_or_default(),
+        severity: o.str(d, "severity").unwrap_or_else(|| "info".into()),
+        labels: o
+            .str_map(d, "labels")
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+        team: o.str(d, "team"),
+    })
+}
+
+fn budget(n: &Node, d: &mut Diagnostics) -> Option<Budget> {
+    let o = Obj::new(
+        n,
+        "budget",
+        &["max_tokens", "max_usd", "max_cost", "include_approx_cost"],
+        &[],
+        d,
+    )?;
+    let max_tokens = o.u64(d, "max_tokens");
+    let max_usd = o.f64(d, "max_usd").or_else(|| o.f64(d, "max_cost"));
+    for (key, zero) in [
+        ("max_tokens", max_tokens == Some(0)),
+        ("max_usd", max_usd.is_some_and(|v| v <= 0.0)),
+    ] {
+        if zero {
+            d.error_hint(
+                &o.get(key).unwrap_or(n).span,
+                &o.path_of(key),
+                "a budget limit must be > 0",
+                "remove the key to have no limit on it",
+            );
+        }
+    }
+    if max_tokens.is_none()
+        && max_usd.is_none()
+        && !o.has("max_tokens")
+        && !o.has("max_usd")
+        && !o.has("max_cost")
+    {
+        d.error_hint(
+            &n.span,
+            "budget",
+            "a budget needs a limit",
+            "set `max_tokens`, `max_usd`, or both",
+        );
+        return None;
+    }
+    Some(Budget {
+        max_tokens: max_tokens.filter(|v| *v > 0),
+        max_usd: max_usd.filter(|v| *v > 0.0),
+        include_approx_cost: o.bool(d, "include_approx_cost").unwrap_or(false),
+    })
+}
+
+fn durable(n: &Node, d: &mut Diagnostics) -> Option<Durable> {
+    if let crate::yaml::Value::Bool(b) = n.value {
+        return b.then_some(Durable {
+            on_interrupted: OnInterrupted::Rerun,
+            max_resume_age_seconds: None,
+        });
+    }
+    let o = Obj::new(
+        n,
+        "durable",
+        &["on_interrupted", "max_resume_age_seconds"],
+        &[],
+        d,
+    )?;
+    let on_interrupted = match o
+        .choice(d, "on_interrupted", &["rerun", "escalate"])
+        .as_deref()
+    {
+        Some("escalate") => OnInterrupted::Escalate,
+        _ => OnInterrupted::Rerun,
+    };
+    Some(Durable {
+        on_interrupted,
+        max_resume_age_seconds: o.u64(d, "max_resume_age_seconds"),
+    })
+}
