@@ -1,0 +1,156 @@
+//! `pending_approvals`: human approval requests, their deadline and their decision.
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::connection::{query_all, query_opt, Cols};
+use super::{Error, Outcome, Store};
+
+/// A row of `pending_approvals`. `status` is one of `pending`, `approved`, `rejected`,
+/// `timeout`, `closed`; `delivery_json` records where the request was delivered (for
+/// example the chat message to edit once it is decided).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalRecord {
+    pub token: String,
+    pub run_id: String,
+    pub step_path: String,
+    pub pipeline_name: String,
+    pub message: String,
+    pub team: Option<String>,
+    pub stage: String,
+    pub channel: Option<String>,
+    pub created_at: i64,
+    pub deadline_at: i64,
+    pub status: String,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<i64>,
+    pub delivery_json: Option<String>,
+}
+
+const TABLE: &str = "pending_approvals";
+
+const COLUMNS: &str = "token, run_id, step_path, pipeline_name, message, team, stage, \
+    channel, created_at, deadline_at, status, decided_by, decided_at, delivery_json";
+
+impl ApprovalRecord {
+    fn decode(c: &Cols) -> Result<Self, Error> {
+        Ok(ApprovalRecord {
+            token: c.get("token")?,
+            run_id: c.get("run_id")?,
+            step_path: c.get("step_path")?,
+            pipeline_name: c.get("pipeline_name")?,
+            message: c.get("message")?,
+            team: c.get("team")?,
+            stage: c.get("stage")?,
+            channel: c.get("channel")?,
+            created_at: c.get("created_at")?,
+            deadline_at: c.get("deadline_at")?,
+            status: c.get("status")?,
+            decided_by: c.get("decided_by")?,
+            decided_at: c.get("decided_at")?,
+            delivery_json: c.get("delivery_json")?,
+        })
+    }
+}
+
+pub(super) fn insert(conn: &Connection, a: &ApprovalRecord) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO pending_approvals ({COLUMNS}) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+    ))?
+    .execute(params![
+        a.token,
+        a.run_id,
+        a.step_path,
+        a.pipeline_name,
+        a.message,
+        a.team,
+        a.stage,
+        a.channel,
+        a.created_at,
+        a.deadline_at,
+        a.status,
+        a.decided_by,
+        a.decided_at,
+        a.delivery_json,
+    ])?;
+    Ok(Outcome::Done)
+}
+
+pub(super) fn set_delivery(
+    conn: &Connection,
+    token: &str,
+    delivery_json: &str,
+) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached("UPDATE pending_approvals SET delivery_json = ?2 WHERE token = ?1")?
+        .execute(params![token, delivery_json])?;
+    Ok(Outcome::Done)
+}
+
+/// A button press, an HTTP decision and the deadline can race; the single conditional
+/// UPDATE makes the first one recorded win and tells the others what happened.
+pub(super) fn decide(
+    conn: &Connection,
+    token: &str,
+    status: &str,
+    by: Option<&str>,
+    at: i64,
+) -> rusqlite::Result<Outcome> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE pending_approvals SET status = ?2, decided_by = ?3, decided_at = ?4 \
+             WHERE token = ?1 AND status = 'pending'",
+        )?
+        .execute(params![token, status, by, at])?;
+    if changed > 0 {
+        return Ok(Outcome::ApprovalDecided);
+    }
+    let current: Option<String> = conn
+        .prepare_cached("SELECT status FROM pending_approvals WHERE token = ?1")?
+        .query_row([token], |r| r.get(0))
+        .optional()?;
+    Ok(match current {
+        Some(status) => Outcome::ApprovalAlreadyDecided { status },
+        None => Outcome::ApprovalUnknown,
+    })
+}
+
+/// When a run ends while approvals are still open, they can no longer affect it.
+pub(super) fn close_of_run(conn: &Connection, run_id: &str, at: i64) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached(
+        "UPDATE pending_approvals SET status = 'closed', decided_at = ?2 \
+         WHERE run_id = ?1 AND status = 'pending'",
+    )?
+    .execute(params![run_id, at])?;
+    Ok(Outcome::Done)
+}
+
+impl Store {
+    pub fn approval(&self, token: &str) -> Result<Option<ApprovalRecord>, Error> {
+        self.read(|conn| {
+            let sql = format!("SELECT {COLUMNS} FROM pending_approvals WHERE token = ?1");
+            query_opt(conn, TABLE, &sql, [token], ApprovalRecord::decode)
+        })
+    }
+
+    /// Oldest first.
+    pub fn approvals_with_status(&self, status: &str) -> Result<Vec<ApprovalRecord>, Error> {
+        self.read(|conn| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM pending_approvals WHERE status = ?1 \
+                 ORDER BY created_at, token"
+            );
+            query_all(conn, TABLE, &sql, [status], ApprovalRecord::decode)
+        })
+    }
+
+    /// Oldest first.
+    pub fn approvals_of_run(&self, run_id: &str) -> Result<Vec<ApprovalRecord>, Error> {
+        self.read(|conn| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM pending_approvals WHERE run_id = ?1 \
+                 ORDER BY created_at, token"
+            );
+            query_all(conn, TABLE, &sql, [run_id], ApprovalRecord::decode)
+        })
+    }
+}

@@ -1,0 +1,68 @@
+//! `run_events`: the run log, append-only, read back in the order it was written.
+
+use rusqlite::{params, Connection};
+
+use super::connection::{query_all, Cols};
+use super::{Error, Outcome, Store};
+
+/// A row of `run_events`. `id` is assigned by the database; whatever value is passed
+/// in on insert is ignored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventRecord {
+    pub id: i64,
+    pub run_id: String,
+    pub ts: i64,
+    pub level: String,
+    pub event: String,
+    pub msg: String,
+    pub fields_json: String,
+}
+
+const TABLE: &str = "run_events";
+
+impl EventRecord {
+    fn decode(c: &Cols) -> Result<Self, Error> {
+        Ok(EventRecord {
+            id: c.get("id")?,
+            run_id: c.get("run_id")?,
+            ts: c.get("ts")?,
+            level: c.get("level")?,
+            event: c.get("event")?,
+            msg: c.get("msg")?,
+            fields_json: c.get("fields_json")?,
+        })
+    }
+}
+
+pub(super) fn append(conn: &Connection, event: &EventRecord) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached(
+        "INSERT INTO run_events (run_id, ts, level, event, msg, fields_json) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        event.run_id,
+        event.ts,
+        event.level,
+        event.event,
+        event.msg,
+        event.fields_json
+    ])?;
+    Ok(Outcome::Done)
+}
+
+impl Store {
+    /// In write order. AUTOINCREMENT ids never go backwards, so ordering by id is the
+    /// order in which events were committed even when timestamps tie.
+    pub fn events(&self, run_id: &str) -> Result<Vec<EventRecord>, Error> {
+        self.read(|conn| {
+            query_all(
+                conn,
+                TABLE,
+                "SELECT id, run_id, ts, level, event, msg, fields_json FROM run_events \
+                 WHERE run_id = ?1 ORDER BY id",
+                [run_id],
+                EventRecord::decode,
+            )
+        })
+    }
+}

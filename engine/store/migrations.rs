@@ -1,0 +1,184 @@
+//! Versioned schema migrations, embedded in the binary and applied at open.
+//!
+//! A migration's version is its position in [`MIGRATIONS`] plus one. Never edit or
+//! reorder an entry that has shipped: databases in the field have recorded it as
+//! applied and will not run it again. Add a new entry instead.
+
+use rusqlite::{params, Connection, TransactionBehavior};
+use tracing::info;
+
+use super::connection::now_ms;
+use super::Error;
+
+/// Ordered `(name, sql)` pairs.
+pub(super) const MIGRATIONS: &[(&str, &str)] = &[("0001_initial", INITIAL)];
+
+/// Status columns carry CHECK constraints with the values of SPEC section 5 so that a
+/// typo in a caller fails its write loudly instead of producing a run that the resume
+/// sweep (which looks for exactly 'running') silently ignores. TEXT primary keys are
+/// NOT NULL because SQLite, for historical reasons, otherwise accepts NULL keys.
+const INITIAL: &str = "
+CREATE TABLE pipeline_runs (
+    id                 TEXT PRIMARY KEY NOT NULL,
+    pipeline_name      TEXT NOT NULL,
+    status             TEXT NOT NULL CHECK (status IN ('running', 'completed', 'stopped',
+                           'escalated', 'aborted', 'failed', 'interrupted', 'cancelled')),
+    source             TEXT NOT NULL,
+    team               TEXT,
+    stage              TEXT NOT NULL,
+    triggered_at       INTEGER NOT NULL,
+    completed_at       INTEGER,
+    resumed_at         INTEGER,
+    resume_count       INTEGER NOT NULL DEFAULT 0,
+    config_fingerprint TEXT NOT NULL,
+    parent_run_id      TEXT,
+    parent_step_path   TEXT,
+    dedup_fingerprint  TEXT,
+    context_json       TEXT NOT NULL,
+    payload_json       TEXT NOT NULL,
+    tokens_used        INTEGER NOT NULL DEFAULT 0,
+    cost_usd           REAL NOT NULL DEFAULT 0,
+    terminal_step      TEXT,
+    reason             TEXT,
+    final_output_json  TEXT
+);
+CREATE INDEX ix_pipeline_runs_status ON pipeline_runs (status);
+CREATE INDEX ix_pipeline_runs_pipeline_name ON pipeline_runs (pipeline_name);
+CREATE INDEX ix_pipeline_runs_triggered_at ON pipeline_runs (triggered_at);
+CREATE INDEX ix_pipeline_runs_parent ON pipeline_runs (parent_run_id, parent_step_path);
+-- At most one running run per pipeline and deduplication fingerprint.
+CREATE UNIQUE INDEX ix_pipeline_runs_running_fingerprint
+    ON pipeline_runs (pipeline_name, dedup_fingerprint)
+    WHERE status = 'running' AND dedup_fingerprint IS NOT NULL;
+
+CREATE TABLE pipeline_steps (
+    run_id               TEXT NOT NULL REFERENCES pipeline_runs (id),
+    step_path            TEXT NOT NULL,
+    step_index           INTEGER NOT NULL,
+    kind                 TEXT NOT NULL CHECK (kind IN ('step', 'parallel', 'branch',
+                             'fan_out', 'fan_out_branch')),
+    executor             TEXT NOT NULL,
+    agent                TEXT,
+    status               TEXT NOT NULL CHECK (status IN ('running', 'completed', 'stopped',
+                             'escalated', 'aborted', 'failed', 'skipped', 'waiting')),
+    attempts             INTEGER NOT NULL,
+    iteration            INTEGER NOT NULL,
+    idempotency_key      TEXT NOT NULL,
+    started_at           INTEGER NOT NULL,
+    finished_at          INTEGER,
+    duration_ms          INTEGER,
+    primary_confidence   REAL,
+    effective_confidence REAL,
+    output_json          TEXT,
+    error                TEXT,
+    input_tokens         INTEGER NOT NULL DEFAULT 0,
+    output_tokens        INTEGER NOT NULL DEFAULT 0,
+    cost_usd             REAL,
+    items_json           TEXT,
+    PRIMARY KEY (run_id, step_path)
+);
+
+CREATE TABLE run_events (
+    id          INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id      TEXT NOT NULL,
+    ts          INTEGER NOT NULL,
+    level       TEXT NOT NULL,
+    event       TEXT NOT NULL,
+    msg         TEXT NOT NULL,
+    fields_json TEXT NOT NULL
+);
+CREATE INDEX ix_run_events_run ON run_events (run_id, id);
+
+CREATE TABLE pending_approvals (
+    token         TEXT PRIMARY KEY NOT NULL,
+    run_id        TEXT NOT NULL,
+    step_path     TEXT NOT NULL,
+    pipeline_name TEXT NOT NULL,
+    message       TEXT NOT NULL,
+    team          TEXT,
+    stage         TEXT NOT NULL,
+    channel       TEXT,
+    created_at    INTEGER NOT NULL,
+    deadline_at   INTEGER NOT NULL,
+    status        TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'rejected',
+                      'timeout', 'closed')),
+    decided_by    TEXT,
+    decided_at    INTEGER,
+    delivery_json TEXT
+);
+CREATE INDEX ix_pending_approvals_run ON pending_approvals (run_id);
+CREATE INDEX ix_pending_approvals_status ON pending_approvals (status);
+
+-- Outbox: a notification owed by a run is recorded before it is sent, under a key the
+-- caller derives deterministically, so a crash between recording and sending neither
+-- loses it nor sends it twice.
+CREATE TABLE notifications (
+    id         TEXT PRIMARY KEY NOT NULL,
+    run_id     TEXT NOT NULL,
+    action     TEXT NOT NULL,
+    channel    TEXT NOT NULL,
+    message    TEXT NOT NULL,
+    status     TEXT NOT NULL CHECK (status IN ('pending', 'sent', 'failed')),
+    created_at INTEGER NOT NULL,
+    sent_at    INTEGER,
+    error      TEXT
+);
+CREATE INDEX ix_notifications_status ON notifications (status);
+
+CREATE TABLE kv (
+    key   TEXT PRIMARY KEY NOT NULL,
+    value TEXT NOT NULL
+);
+";
+
+/// Applies every migration the database has not recorded yet.
+pub(super) fn apply(conn: &mut Connection) -> Result<(), Error> {
+    apply_list(conn, MIGRATIONS)
+}
+
+/// Each migration runs in its own IMMEDIATE transaction that also records it, so a
+/// crash mid-migration leaves the previous version intact, and two processes opening
+/// the same file at once cannot both apply the same version.
+pub(super) fn apply_list(
+    conn: &mut Connection,
+    migrations: &'static [(&'static str, &'static str)],
+) -> Result<(), Error> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version    INTEGER PRIMARY KEY,
+             applied_at INTEGER
+         )",
+    )?;
+    let known = i64::try_from(migrations.len()).unwrap_or(i64::MAX);
+    let newest: Option<i64> =
+        conn.query_row("SELECT MAX(version) FROM schema_migrations", [], |r| {
+            r.get(0)
+        })?;
+    if let Some(found) = newest.filter(|v| *v > known) {
+        return Err(Error::SchemaTooNew { found, known });
+    }
+
+    for (version, (name, sql)) in (1_i64..).zip(migrations.iter()) {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let applied: bool = tx.query_row(
+            "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = ?1)",
+            [version],
+            |r| r.get(0),
+        )?;
+        if applied {
+            continue;
+        }
+        tx.execute_batch(sql).map_err(|source| Error::Migration {
+            version,
+            name,
+            source,
+        })?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
+            params![version, now_ms()],
+        )?;
+        tx.commit()?;
+        info!(version, name = *name, "Store migration applied.");
+    }
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! `notifications`: the outbox that makes each notification a run owes happen once.
+//!
+//! The caller records a notification (status `pending`) in the same batch as the state
+//! change that causes it, sends it, then marks it `sent` or `failed`. After a crash the
+//! `pending` rows are exactly the notifications still owed.
+
+use rusqlite::{params, Connection};
+
+use super::connection::{query_all, Cols};
+use super::{Error, Outcome, Store};
+
+/// A row of `notifications`. `id` is chosen by the caller deterministically (for
+/// example `<run_id>:<action>:<n>`) so that recording it again after a resume is a
+/// no-op; `status` is one of `pending`, `sent`, `failed`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotificationRecord {
+    pub id: String,
+    pub run_id: String,
+    pub action: String,
+    pub channel: String,
+    pub message: String,
+    pub status: String,
+    pub created_at: i64,
+    pub sent_at: Option<i64>,
+    pub error: Option<String>,
+}
+
+const TABLE: &str = "notifications";
+
+const COLUMNS: &str = "id, run_id, action, channel, message, status, created_at, sent_at, error";
+
+impl NotificationRecord {
+    fn decode(c: &Cols) -> Result<Self, Error> {
+        Ok(NotificationRecord {
+            id: c.get("id")?,
+            run_id: c.get("run_id")?,
+            action: c.get("action")?,
+            channel: c.get("channel")?,
+            message: c.get("message")?,
+            status: c.get("status")?,
+            created_at: c.get("created_at")?,
+            sent_at: c.get("sent_at")?,
+            error: c.get("error")?,
+        })
+    }
+}
+
+/// OR IGNORE only swallows the primary-key conflict that signals "already recorded";
+/// the row that is kept is the first one, including its status.
+pub(super) fn insert(conn: &Connection, n: &NotificationRecord) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached(&format!(
+        "INSERT OR IGNORE INTO notifications ({COLUMNS}) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+    ))?
+    .execute(params![
+        n.id,
+        n.run_id,
+        n.action,
+        n.channel,
+        n.message,
+        n.status,
+        n.created_at,
+        n.sent_at,
+        n.error,
+    ])?;
+    Ok(Outcome::Done)
+}
+
+/// `at` becomes `sent_at`: the time of the last delivery attempt, successful or not.
+pub(super) fn mark(
+    conn: &Connection,
+    id: &str,
+    status: &str,
+    at: i64,
+    error: Option<&str>,
+) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached(
+        "UPDATE notifications SET status = ?2, sent_at = ?3, error = ?4 WHERE id = ?1",
+    )?
+    .execute(params![id, status, at, error])?;
+    Ok(Outcome::Done)
+}
+
+impl Store {
+    /// In the order they were created.
+    pub fn notifications_of_run(&self, run_id: &str) -> Result<Vec<NotificationRecord>, Error> {
+        self.read(|conn| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM notifications WHERE run_id = ?1 ORDER BY created_at, id"
+            );
+            query_all(conn, TABLE, &sql, [run_id], NotificationRecord::decode)
+        })
+    }
+
+    /// Every notification recorded but not yet sent or given up on, oldest first.
+    pub fn pending_notifications(&self) -> Result<Vec<NotificationRecord>, Error> {
+        self.read(|conn| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM notifications WHERE status = 'pending' \
+                 ORDER BY created_at, id"
+            );
+            query_all(conn, TABLE, &sql, [], NotificationRecord::decode)
+        })
+    }
+}

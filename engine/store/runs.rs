@@ -1,0 +1,267 @@
+//! `pipeline_runs`: one row per run; the resume sweep starts from its `running` rows.
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::connection::{query_all, query_opt, Cols};
+use super::{Error, Outcome, Store};
+
+/// A row of `pipeline_runs`. JSON columns hold serialised JSON the store never parses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    pub id: String,
+    pub pipeline_name: String,
+    pub status: String,
+    pub source: String,
+    pub team: Option<String>,
+    pub stage: String,
+    pub triggered_at: i64,
+    pub completed_at: Option<i64>,
+    pub resumed_at: Option<i64>,
+    pub resume_count: u32,
+    pub config_fingerprint: String,
+    pub parent_run_id: Option<String>,
+    pub parent_step_path: Option<String>,
+    pub dedup_fingerprint: Option<String>,
+    pub context_json: String,
+    pub payload_json: String,
+    pub tokens_used: u64,
+    pub cost_usd: f64,
+    pub terminal_step: Option<String>,
+    pub reason: Option<String>,
+    pub final_output_json: Option<String>,
+}
+
+/// Selects runs for listing. `limit == 0` means no limit, so `RunFilter::default()`
+/// lists everything.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunFilter {
+    pub status: Option<String>,
+    pub pipeline: Option<String>,
+    pub limit: u32,
+    pub offset: u32,
+}
+
+const TABLE: &str = "pipeline_runs";
+
+const COLUMNS: &str = "id, pipeline_name, status, source, team, stage, triggered_at, \
+    completed_at, resumed_at, resume_count, config_fingerprint, parent_run_id, \
+    parent_step_path, dedup_fingerprint, context_json, payload_json, tokens_used, cost_usd, \
+    terminal_step, reason, final_output_json";
+
+impl RunRecord {
+    fn decode(c: &Cols) -> Result<Self, Error> {
+        Ok(RunRecord {
+            id: c.get("id")?,
+            pipeline_name: c.get("pipeline_name")?,
+            status: c.get("status")?,
+            source: c.get("source")?,
+            team: c.get("team")?,
+            stage: c.get("stage")?,
+            triggered_at: c.get("triggered_at")?,
+            completed_at: c.get("completed_at")?,
+            resumed_at: c.get("resumed_at")?,
+            resume_count: c.get("resume_count")?,
+            config_fingerprint: c.get("config_fingerprint")?,
+            parent_run_id: c.get("parent_run_id")?,
+            parent_step_path: c.get("parent_step_path")?,
+            dedup_fingerprint: c.get("dedup_fingerprint")?,
+            context_json: c.get("context_json")?,
+            payload_json: c.get("payload_json")?,
+            tokens_used: c.get("tokens_used")?,
+            cost_usd: c.get("cost_usd")?,
+            terminal_step: c.get("terminal_step")?,
+            reason: c.get("reason")?,
+            final_output_json: c.get("final_output_json")?,
+        })
+    }
+}
+
+/// Looks for a conflicting running run before inserting, rather than catching the
+/// unique-index violation: a failed statement would force the caller's whole batch to
+/// roll back, while a duplicate is an expected answer, not an error. The writer is the
+/// only writer and holds an IMMEDIATE transaction, so nothing can slip in between.
+pub(super) fn insert(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Outcome> {
+    if let (true, Some(fingerprint)) = (run.status == "running", &run.dedup_fingerprint) {
+        let existing: Option<String> = conn
+            .prepare_cached(
+                "SELECT id FROM pipeline_runs WHERE pipeline_name = ?1 \
+                 AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
+            )?
+            .query_row(params![run.pipeline_name, fingerprint], |r| r.get(0))
+            .optional()?;
+        if let Some(existing_run_id) = existing {
+            return Ok(Outcome::DuplicateRunning { existing_run_id });
+        }
+    }
+    conn.prepare_cached(&format!(
+        "INSERT INTO pipeline_runs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+         ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"
+    ))?
+    .execute(params![
+        run.id,
+        run.pipeline_name,
+        run.status,
+        run.source,
+        run.team,
+        run.stage,
+        run.triggered_at,
+        run.completed_at,
+        run.resumed_at,
+        run.resume_count,
+        run.config_fingerprint,
+        run.parent_run_id,
+        run.parent_step_path,
+        run.dedup_fingerprint,
+        run.context_json,
+        run.payload_json,
+        run.tokens_used,
+        run.cost_usd,
+        run.terminal_step,
+        run.reason,
+        run.final_output_json,
+    ])?;
+    Ok(Outcome::RunInserted)
+}
+
+/// Only a running run can finish, so a late finisher (say, a step completing after the
+/// run was cancelled) cannot overwrite the terminal status that was recorded first.
+pub(super) fn finish(
+    conn: &Connection,
+    run_id: &str,
+    status: &str,
+    completed_at: i64,
+    terminal_step: Option<&str>,
+    reason: Option<&str>,
+    final_output_json: Option<&str>,
+) -> rusqlite::Result<Outcome> {
+    let changed = conn
+        .prepare_cached(
+            "UPDATE pipeline_runs SET status = ?2, completed_at = ?3, terminal_step = ?4, \
+             reason = ?5, final_output_json = ?6 WHERE id = ?1 AND status = 'running'",
+        )?
+        .execute(params![
+            run_id,
+            status,
+            completed_at,
+            terminal_step,
+            reason,
+            final_output_json
+        ])?;
+    Ok(if changed == 0 {
+        Outcome::NotRunning
+    } else {
+        Outcome::Done
+    })
+}
+
+pub(super) fn set_usage(
+    conn: &Connection,
+    run_id: &str,
+    tokens_used: u64,
+    cost_usd: f64,
+) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached("UPDATE pipeline_runs SET tokens_used = ?2, cost_usd = ?3 WHERE id = ?1")?
+        .execute(params![run_id, tokens_used, cost_usd])?;
+    Ok(Outcome::Done)
+}
+
+/// `resumed_at` keeps the first resume (SPEC 6.5); the count grows on every resume.
+pub(super) fn mark_resumed(conn: &Connection, run_id: &str, at: i64) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached(
+        "UPDATE pipeline_runs SET resumed_at = COALESCE(resumed_at, ?2), \
+         resume_count = resume_count + 1 WHERE id = ?1",
+    )?
+    .execute(params![run_id, at])?;
+    Ok(Outcome::Done)
+}
+
+impl Store {
+    pub fn run(&self, id: &str) -> Result<Option<RunRecord>, Error> {
+        self.read(|conn| {
+            let sql = format!("SELECT {COLUMNS} FROM pipeline_runs WHERE id = ?1");
+            query_opt(conn, TABLE, &sql, [id], RunRecord::decode)
+        })
+    }
+
+    /// Newest first (`triggered_at` descending, then `id` so pages are stable).
+    pub fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>, Error> {
+        // Only the conditions in use are put in the SQL so the planner can pick the
+        // status or pipeline index; the few possible texts are cached as statements.
+        let mut conditions = Vec::new();
+        if filter.status.is_some() {
+            conditions.push("status = ?1");
+        }
+        if filter.pipeline.is_some() {
+            conditions.push("pipeline_name = ?2");
+        }
+        let where_clause = if conditions.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", conditions.join(" AND "))
+        };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM pipeline_runs {where_clause} \
+             ORDER BY triggered_at DESC, id LIMIT ?3 OFFSET ?4"
+        );
+        // SQLite treats a negative LIMIT as "no limit".
+        let limit = if filter.limit == 0 {
+            -1
+        } else {
+            i64::from(filter.limit)
+        };
+        self.read(|conn| {
+            query_all(
+                conn,
+                TABLE,
+                &sql,
+                params![filter.status, filter.pipeline, limit, filter.offset],
+                RunRecord::decode,
+            )
+        })
+    }
+
+    /// Oldest first, the order in which the startup sweep should resume them.
+    pub fn runs_with_status(&self, status: &str) -> Result<Vec<RunRecord>, Error> {
+        self.read(|conn| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM pipeline_runs WHERE status = ?1 ORDER BY triggered_at, id"
+            );
+            query_all(conn, TABLE, &sql, [status], RunRecord::decode)
+        })
+    }
+
+    /// The run started by the given step of a parent run, if any. When a step was
+    /// retried and started several children, the newest one is returned.
+    pub fn child_run(
+        &self,
+        parent_run_id: &str,
+        parent_step_path: &str,
+    ) -> Result<Option<RunRecord>, Error> {
+        self.read(|conn| {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM pipeline_runs WHERE parent_run_id = ?1 \
+                 AND parent_step_path = ?2 ORDER BY triggered_at DESC, id DESC LIMIT 1"
+            );
+            query_opt(
+                conn,
+                TABLE,
+                &sql,
+                [parent_run_id, parent_step_path],
+                RunRecord::decode,
+            )
+        })
+    }
+
+    pub fn count_runs_with_status(&self, status: &str) -> Result<u64, Error> {
+        self.read(|conn| {
+            let count: i64 = conn
+                .prepare_cached("SELECT COUNT(*) FROM pipeline_runs WHERE status = ?1")?
+                .query_row([status], |r| r.get(0))?;
+            u64::try_from(count).map_err(|e| Error::Corrupt {
+                table: TABLE,
+                column: "COUNT(*)",
+                detail: e.to_string(),
+            })
+        })
+    }
+}

@@ -1,0 +1,159 @@
+//! Outcomes that are answers rather than errors: deduplication and first decisions.
+
+use super::*;
+
+fn deduped(id: &str, pipeline: &str, fingerprint: &str) -> RunRecord {
+    RunRecord {
+        pipeline_name: pipeline.into(),
+        dedup_fingerprint: Some(fingerprint.into()),
+        ..run(id)
+    }
+}
+
+#[test]
+fn a_running_duplicate_is_reported_without_failing_the_batch() {
+    let (_dir, store) = open_temp();
+    assert_eq!(
+        commit(&store, vec![Write::InsertRun(deduped("r1", "p", "fp"))]),
+        [Outcome::RunInserted]
+    );
+    let out = commit(
+        &store,
+        vec![
+            Write::InsertRun(deduped("r2", "p", "fp")),
+            Write::AppendEvent(event("r1", "deduplicated")),
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            Outcome::DuplicateRunning {
+                existing_run_id: "r1".into()
+            },
+            Outcome::Done
+        ]
+    );
+    assert_eq!(store.run("r2").unwrap(), None);
+    assert_eq!(
+        store.events("r1").unwrap().len(),
+        1,
+        "the rest of the batch is kept"
+    );
+
+    // Other pipelines, other fingerprints and runs without one are not duplicates.
+    let out = commit(
+        &store,
+        vec![
+            Write::InsertRun(deduped("r3", "other", "fp")),
+            Write::InsertRun(deduped("r4", "p", "fp2")),
+            Write::InsertRun(run("r5")),
+            Write::InsertRun(run("r6")),
+        ],
+    );
+    assert_eq!(out, vec![Outcome::RunInserted; 4]);
+}
+
+#[test]
+fn a_finished_run_no_longer_blocks_its_fingerprint() {
+    let (_dir, store) = open_temp();
+    commit(&store, vec![Write::InsertRun(deduped("r1", "p", "fp"))]);
+    commit(
+        &store,
+        vec![Write::FinishRun {
+            run_id: "r1".into(),
+            status: "completed".into(),
+            completed_at: 1,
+            terminal_step: None,
+            reason: None,
+            final_output_json: None,
+        }],
+    );
+    assert_eq!(
+        commit(&store, vec![Write::InsertRun(deduped("r2", "p", "fp"))]),
+        [Outcome::RunInserted]
+    );
+    assert_eq!(store.count_runs_with_status("running").unwrap(), 1);
+}
+
+#[test]
+fn the_partial_unique_index_backs_the_check() {
+    // Even a writer that skipped the check could not create a second running run.
+    let (dir, store) = open_temp();
+    commit(&store, vec![Write::InsertRun(deduped("r1", "p", "fp"))]);
+    let err = raw(&dir.path().join("state.db"))
+        .execute(
+            "INSERT INTO pipeline_runs (id, pipeline_name, status, source, stage, triggered_at, \
+             config_fingerprint, dedup_fingerprint, context_json, payload_json) \
+             VALUES ('r2', 'p', 'running', 's', 'prod', 1, 'f', 'fp', '{}', '{}')",
+            [],
+        )
+        .expect_err("unique index must reject");
+    assert!(err.to_string().contains("UNIQUE"), "{err}");
+}
+
+#[test]
+fn the_first_approval_decision_wins() {
+    let (_dir, store) = open_temp();
+    commit(&store, vec![Write::InsertApproval(approval("t1", "r1"))]);
+    let decide = |status: &str, by: &str, at| Write::DecideApproval {
+        token: "t1".into(),
+        status: status.into(),
+        by: Some(by.into()),
+        at,
+    };
+    let out = commit(
+        &store,
+        vec![
+            decide("approved", "alice", 10),
+            decide("rejected", "bob", 11),
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            Outcome::ApprovalDecided,
+            Outcome::ApprovalAlreadyDecided {
+                status: "approved".into()
+            }
+        ]
+    );
+    let out = commit(
+        &store,
+        vec![
+            decide("timeout", "deadline", 12),
+            Write::DecideApproval {
+                token: "nope".into(),
+                status: "approved".into(),
+                by: None,
+                at: 1,
+            },
+        ],
+    );
+    assert_eq!(
+        out,
+        [
+            Outcome::ApprovalAlreadyDecided {
+                status: "approved".into()
+            },
+            Outcome::ApprovalUnknown
+        ]
+    );
+    let a = store.approval("t1").unwrap().expect("exists");
+    assert_eq!(
+        (a.status.as_str(), a.decided_by.as_deref(), a.decided_at),
+        ("approved", Some("alice"), Some(10))
+    );
+}
+
+#[test]
+fn a_status_outside_the_spec_is_rejected() {
+    let (_dir, store) = open_temp();
+    let bad = RunRecord {
+        status: "runing".into(),
+        ..run("r1")
+    };
+    let err = store
+        .commit_blocking(vec![Write::InsertRun(bad)])
+        .expect_err("CHECK");
+    assert!(err.to_string().contains("CHECK"), "{err}");
+}
