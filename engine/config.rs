@@ -370,7 +370,7 @@ fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Option<Config>
             }
         }
     }
-    decode_named(
+    if let Some(m) = decode_named(
         &top,
         "providers",
         &["base_url", "api_key", "timeout_seconds"],
@@ -383,8 +383,9 @@ fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Option<Config>
                 timeout_seconds: o.seconds(d, "timeout_seconds").unwrap_or(120.0),
             })
         },
-    )
-    .map(|m| c.providers = m);
+    ) {
+        c.providers = m;
+    }
     let agent_keys = [
         "provider",
         "model",
@@ -392,7 +393,7 @@ fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Option<Config>
         "temperature",
         "max_tokens",
     ];
-    decode_named(&top, "agents", &agent_keys, d, |o, d| {
+    if let Some(m) = decode_named(&top, "agents", &agent_keys, d, |o, d| {
         let provider = o.req_str(d, "provider")?;
         let model = o.req_str(d, "model")?;
         Some(Agent {
@@ -402,8 +403,9 @@ fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Option<Config>
             temperature: o.f64(d, "temperature"),
             max_tokens: o.u64(d, "max_tokens"),
         })
-    })
-    .map(|m| c.agents = m);
+    }) {
+        c.agents = m;
+    }
     for (name, agent) in &c.agents {
         if !c.providers.contains_key(&agent.provider) {
             let node = top.get("agents").and_then(|a| a.get(name)).unwrap_or(root);
@@ -416,7 +418,7 @@ fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Option<Config>
             );
         }
     }
-    decode_named(
+    if let Some(m) = decode_named(
         &top,
         "pricing",
         &["input_per_mtok", "output_per_mtok"],
@@ -427,8 +429,9 @@ fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Option<Config>
                 output_per_mtok: o.f64(d, "output_per_mtok").unwrap_or(0.0),
             })
         },
-    )
-    .map(|m| c.pricing = m);
+    ) {
+        c.pricing = m;
+    }
     if let Some(n) = top.get("notifications") {
         if let Some(o) = Obj::new(n, "notifications", &["telegram"], &[], d) {
             if let Some(t) = o.get("telegram") {
@@ -459,10 +462,11 @@ fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Option<Config>
             if let Some(r) = o.get("default") {
                 c.human_approval.default = decode_route(r, "human_approval.default", d);
             }
-            decode_named(&o, "teams", &["channel", "url", "chat_id"], d, |t, d| {
+            if let Some(m) = decode_named(&o, "teams", &["channel", "url", "chat_id"], d, |t, d| {
                 decode_route(t.node, &t.path, d)
-            })
-            .map(|m| c.human_approval.teams = m);
+            }) {
+                c.human_approval.teams = m;
+            }
         }
     }
     if let Some(n) = top.get("logging") {

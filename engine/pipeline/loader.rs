@@ -145,7 +145,7 @@ pub fn load(paths: &[PathBuf], config: &Config) -> (Option<PipelineSet>, Diagnos
     }
 }
 
-type Refs = Vec<(String, Vec<(String, Span, String)>)>;
+type Refs = Vec<(String, Vec<validate::SubpipelineRef>)>;
 
 /// Every `executor: pipeline` names a loaded pipeline, and no pipeline reaches itself.
 fn check_subpipelines(set: &PipelineSet, refs: &Refs, d: &mut Diagnostics) {

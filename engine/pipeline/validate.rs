@@ -30,13 +30,16 @@ const PIPELINE_KEYS: &[&str] = &[
     "durable",
 ];
 
+/// An `executor: pipeline` reference: target name, where, and the field path.
+pub type SubpipelineRef = (String, Span, String);
+
 /// What validation of one pipeline needs from outside, and what it collects.
 pub struct Ctx<'a> {
     pub config: &'a Config,
     pub library: &'a Library,
     pub templates: Templates,
     /// `executor: pipeline` references, checked once every pipeline is loaded.
-    pub subpipeline_refs: Vec<(String, Span, String)>,
+    pub subpipeline_refs: Vec<SubpipelineRef>,
     claimed: HashMap<String, Span>,
     available: HashSet<String>,
     fan_outs: Vec<String>,
@@ -176,7 +179,7 @@ pub fn pipeline(
     config: &Config,
     library: &Library,
     d: &mut Diagnostics,
-) -> Option<(Pipeline, Vec<(String, Span, String)>)> {
+) -> Option<(Pipeline, Vec<SubpipelineRef>)> {
     let o = Obj::new(root, "", PIPELINE_KEYS, &["readiness"], d)?;
     let mut cx = Ctx::new(config, library);
     let name = o.req_str(d, "name");

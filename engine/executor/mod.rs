@@ -1,0 +1,112 @@
+//! Executors: one file per kind behind the [`Executor`] trait.
+//!
+//! The runner renders templates, records the step as `running`, then hands an
+//! executor a [`Call`]. Executors never touch the store; they report an
+//! [`Outcome`] or an [`Error`] and the runner decides what that means for the run.
+//! Timeouts are enforced by the runner by dropping the future, so an executor that
+//! owns a resource (a child process) must release it on drop.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::pipeline::{Action, ExecutorKind};
+use crate::run::{StepOutput, Usage};
+
+pub mod mock;
+
+/// Everything an executor needs for one attempt.
+#[derive(Debug, Clone)]
+pub struct Call<'a> {
+    pub run_id: &'a str,
+    pub pipeline: &'a str,
+    /// `triage`, `context/logs`, `per-service/2`.
+    pub step_path: &'a str,
+    /// `<run_id>:<step path>:<iteration>`; identical across retries and resumes.
+    pub idempotency_key: &'a str,
+    /// 1 for the first try; retries and re-runs after a crash count up.
+    pub attempt: u32,
+    pub action: &'a Action,
+    /// The rendered `prompt_template` (webhook body, agent prompt, notify message).
+    pub prompt: String,
+    /// Rendered templates inside `executor_config`, keyed by JSON pointer
+    /// (`url`, `command/0`, `output/summary`).
+    pub rendered: BTreeMap<String, String>,
+    pub timeout: Option<Duration>,
+}
+
+/// A successful attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    pub output: StepOutput,
+    pub usage: Usage,
+}
+
+/// A failed attempt. The message ends up in the step record and the run log.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// The executor ran and reported failure (non-2xx, exit code, `fail: true`).
+    #[error("{0}")]
+    Failed(String),
+    /// The executor's answer broke the output contract.
+    #[error("{0}")]
+    BadOutput(String),
+    /// The call could not be made (connection refused, spawn failed).
+    #[error("{0}")]
+    Transport(String),
+    /// The step's configuration cannot work at run time (missing agent provider).
+    #[error("{0}")]
+    Config(String),
+}
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+pub trait Executor: Send + Sync {
+    fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Outcome, Error>>;
+}
+
+/// The executors of one service instance, built once from the config.
+#[derive(Clone)]
+pub struct Executors {
+    by_kind: BTreeMap<&'static str, Arc<dyn Executor>>,
+}
+
+fn key(kind: ExecutorKind) -> &'static str {
+    match kind {
+        ExecutorKind::Agent => "agent",
+        ExecutorKind::Webhook => "webhook",
+        ExecutorKind::Shell => "shell",
+        ExecutorKind::Human => "human",
+        ExecutorKind::Notify => "notify",
+        ExecutorKind::Pipeline => "pipeline",
+        ExecutorKind::Mock => "mock",
+    }
+}
+
+impl Executors {
+    pub fn empty() -> Self {
+        Executors {
+            by_kind: BTreeMap::new(),
+        }
+    }
+
+    /// The standard set for `config`. `human` and `pipeline` are driven by the
+    /// runner itself, not through this table.
+    pub fn standard(config: &Arc<Config>) -> Self {
+        let mut e = Executors::empty();
+        e.register(ExecutorKind::Mock, Arc::new(mock::Mock));
+        let _ = config;
+        e
+    }
+
+    pub fn register(&mut self, kind: ExecutorKind, executor: Arc<dyn Executor>) {
+        self.by_kind.insert(key(kind), executor);
+    }
+
+    pub fn get(&self, kind: ExecutorKind) -> Option<Arc<dyn Executor>> {
+        self.by_kind.get(key(kind)).cloned()
+    }
+}

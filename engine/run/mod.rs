@@ -1,0 +1,7 @@
+//! The run state machine's pure parts: the output contract, flow decisions (gates,
+//! joins, budgets, fan-out lists), the template context and the resume planner.
+//! Nothing here does I/O; `runner` performs what these functions decide.
+
+pub mod output;
+
+pub use output::{OutputError, StepOutput, Usage};
