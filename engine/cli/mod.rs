@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+mod run;
 mod validate;
 
 #[derive(Parser, Debug)]
@@ -33,11 +34,76 @@ pub enum Command {
         /// Pipeline files or folders.
         paths: Vec<PathBuf>,
     },
+    /// Trigger one run in this process and drive it to the end.
+    Run {
+        /// A pipeline name or a pipeline file.
+        pipeline: String,
+        /// A JSON payload file.
+        #[arg(long)]
+        payload: Option<PathBuf>,
+        /// How to read the payload.
+        #[arg(long, default_value = "generic", value_parser = ["generic", "alertmanager"])]
+        source: String,
+        /// Set a label: `--set service=checkout` (repeatable).
+        #[arg(long = "set")]
+        set: Vec<String>,
+        /// Print the run as JSON (the shape of `GET /runs/{id}`).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect stored runs.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+    },
+    /// Show what the next start would do with every `running` run.
+    Sweep {
+        /// Required: the sweep is only ever previewed from the CLI.
+        #[arg(long, required = true)]
+        dry_run: bool,
+    },
     /// Print a pipeline's config fingerprint.
     Fingerprint {
         /// A pipeline name (from the configured folder) or a pipeline file.
         pipeline: String,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RunsCommand {
+    /// List runs, newest first.
+    List {
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long)]
+        pipeline: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One run with its steps and run log.
+    Show {
+        run_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Installs the log subscriber: `RUST_LOG` wins, else `default_level` for one-shot
+/// commands or the configured level for the server.
+pub fn init_logging(config: &vectorstep::config::Config, default_level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if config.logging.json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
 }
 
 /// Whether `--config` was given explicitly (a missing explicit file is an error).
@@ -73,6 +139,35 @@ pub fn main() -> i32 {
     let result = match &cli.command {
         Command::Validate { paths } => validate::validate(&cli, paths),
         Command::Fingerprint { pipeline } => validate::fingerprint(&cli, pipeline),
+        Command::Run {
+            pipeline,
+            payload,
+            source,
+            set,
+            json,
+        } => run::run(
+            &cli,
+            run::RunArgs {
+                pipeline,
+                payload: payload.as_ref(),
+                source,
+                set,
+                json: *json,
+            },
+        ),
+        Command::Runs {
+            command:
+                RunsCommand::List {
+                    status,
+                    pipeline,
+                    limit,
+                    json,
+                },
+        } => run::list(&cli, status.clone(), pipeline.clone(), *limit, *json),
+        Command::Runs {
+            command: RunsCommand::Show { run_id, json },
+        } => run::show(&cli, run_id, *json),
+        Command::Sweep { .. } => run::sweep_dry_run(&cli),
     };
     match result {
         Ok(code) => code,

@@ -69,9 +69,9 @@ impl Library {
         accepted: Option<&[&str]>,
         path: &str,
         d: &mut Diagnostics,
-    ) -> Node {
+    ) -> Option<Node> {
         let Some(use_node) = entry.get("use") else {
-            return entry.clone();
+            return Some(entry.clone());
         };
         let Some(name) = use_node.as_str() else {
             d.error(
@@ -82,7 +82,7 @@ impl Library {
                     use_node.type_name()
                 ),
             );
-            return without_use(entry);
+            return None;
         };
         let Some(lib) = self.steps.get(name) else {
             let available = self.names();
@@ -105,18 +105,10 @@ impl Library {
                 format!("unknown library step `{name}`"),
                 hint,
             );
-            return without_use(entry);
+            return None;
         };
-        merge(lib, entry, accepted)
+        Some(merge(lib, entry, accepted))
     }
-}
-
-fn without_use(entry: &Node) -> Node {
-    let mut out = entry.clone();
-    if let Value::Map(entries) = &mut out.value {
-        entries.retain(|(k, _)| k.as_str() != Some("use"));
-    }
-    out
 }
 
 fn merge(lib: &Node, local: &Node, accepted: Option<&[&str]>) -> Node {
@@ -177,12 +169,14 @@ mod tests {
             node("name: check\ndescription: d\nexecutor: shell\nexecutor_config: {command: [df], env: {A: '1'}}\ntimeout_seconds: 5\n"),
         );
         let mut d = Diagnostics::new();
-        let out = lib.resolve(
-            &node("use: check\nname: mine\nexecutor_config: {env: {B: '2'}}\n"),
-            None,
-            "steps[0]",
-            &mut d,
-        );
+        let out = lib
+            .resolve(
+                &node("use: check\nname: mine\nexecutor_config: {env: {B: '2'}}\n"),
+                None,
+                "steps[0]",
+                &mut d,
+            )
+            .unwrap();
         assert!(d.is_empty());
         assert_eq!(out.get("name").unwrap().as_str(), Some("mine"));
         assert!(out.get("description").is_none());
@@ -201,7 +195,9 @@ mod tests {
             node("name: check-disk\nexecutor: mock\n"),
         );
         let mut d = Diagnostics::new();
-        lib.resolve(&node("use: check-disc\n"), None, "steps[1]", &mut d);
+        assert!(lib
+            .resolve(&node("use: check-disc\n"), None, "steps[1]", &mut d)
+            .is_none());
         let text = d.to_string();
         assert!(text.contains("unknown library step `check-disc`"), "{text}");
         assert!(text.contains("did you mean `check-disk`?"), "{text}");

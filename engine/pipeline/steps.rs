@@ -86,10 +86,12 @@ pub fn entry(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<
     if let Some(inner) = n.get("fan_out") {
         Obj::new(n, path, &["fan_out"], &[], d)?;
         let p = join(path, "fan_out");
-        let resolved = cx.library.resolve(inner, Some(FANOUT_LIBRARY_KEYS), &p, d);
+        let resolved = cx
+            .library
+            .resolve(inner, Some(FANOUT_LIBRARY_KEYS), &p, d)?;
         return fan_out(&resolved, &p, cx, d).map(Entry::FanOut);
     }
-    let resolved = cx.library.resolve(n, None, path, d);
+    let resolved = cx.library.resolve(n, None, path, d)?;
     step(&resolved, path, STEP_KEYS, cx, d).map(Entry::Step)
 }
 
@@ -561,7 +563,9 @@ fn parallel(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<P
                 let group = name.clone().unwrap_or_default();
                 for (i, item) in items.iter().enumerate() {
                     let bp = format!("{}[{i}]", o.path_of("steps"));
-                    let resolved = cx.library.resolve(item, Some(BRANCH_KEYS), &bp, d);
+                    let Some(resolved) = cx.library.resolve(item, Some(BRANCH_KEYS), &bp, d) else {
+                        continue;
+                    };
                     if let Some(b) = branch(&resolved, &bp, &group, cx, d) {
                         branches.push(b);
                     }

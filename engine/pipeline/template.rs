@@ -75,7 +75,7 @@ fn describe(e: &minijinja::Error) -> String {
 impl Templates {
     pub fn new() -> Self {
         let mut env = Environment::new();
-        env.set_undefined_behavior(UndefinedBehavior::Lenient);
+        env.set_undefined_behavior(UndefinedBehavior::Chainable);
         env.set_keep_trailing_newline(true);
         Templates { env }
     }

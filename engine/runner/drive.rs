@@ -1,0 +1,531 @@
+//! The run loop: walk the pipeline's entries under the resume plan, run what has
+//! not run, and settle each unit's result into the store.
+
+use std::sync::Arc;
+
+use serde_json::{json, Map, Value};
+
+use super::records::{self, event};
+use super::{outbox, Engine, Error, RunEnd};
+use crate::pipeline::{Entry, Pipeline};
+use crate::run::context::{self, ContextInput, ItemVars, LoopVars, Normalised, Outputs};
+use crate::run::flow::{self, UnitStatus};
+use crate::run::plan::{self, InFlight, ResumePlan, UnitPlan};
+use crate::run::{StepOutput, Usage};
+use crate::store::{RunRecord, StepRecord, Write};
+
+/// The finished state of one unit, not yet committed.
+pub(super) struct UnitResult {
+    pub status: UnitStatus,
+    pub output: StepOutput,
+    /// Usage spent by this process on the unit (kept branches are already counted).
+    pub usage: Usage,
+    pub record: StepRecord,
+    pub events: Vec<Write>,
+    pub error: Option<String>,
+    /// Extra template keys to register (branch outputs), besides the unit's name.
+    pub register: Vec<(String, Value)>,
+}
+
+pub(super) enum UnitOutcome {
+    Done(Box<UnitResult>),
+    /// Shutdown arrived while the unit was in flight; it stays `running`.
+    Drained,
+}
+
+/// How a unit starts.
+pub(super) enum Start {
+    Fresh,
+    Rerun { attempt: u32 },
+    Rearm,
+}
+
+pub(super) struct RunState {
+    pub engine: Arc<Engine>,
+    pub run: RunRecord,
+    pub pipeline: Arc<Pipeline>,
+    pub trigger: Arc<Normalised>,
+    pub outputs: Outputs,
+    pub usage: Usage,
+    pub final_output: Option<Value>,
+}
+
+impl RunState {
+    pub fn id(&self) -> &str {
+        &self.run.id
+    }
+
+    pub fn now(&self) -> i64 {
+        self.engine.now_ms()
+    }
+
+    pub fn ev(&self, level: &str, name: &str, msg: impl Into<String>, fields: Value) -> Write {
+        event(&self.run.id, self.now(), level, name, msg, fields)
+    }
+
+    pub async fn commit(&self, writes: Vec<Write>) -> Result<(), Error> {
+        self.engine.store.commit(writes).await?;
+        Ok(())
+    }
+
+    pub fn context(
+        &self,
+        current: &str,
+        loop_vars: Option<&LoopVars>,
+        item: Option<ItemVars<'_>>,
+        extra: Option<&Map<String, Value>>,
+    ) -> Map<String, Value> {
+        context::build(&ContextInput {
+            pipeline: &self.pipeline,
+            run_id: &self.run.id,
+            trigger: &self.trigger,
+            outputs: &self.outputs,
+            current_step: current,
+            loop_vars,
+            item,
+            extra,
+        })
+    }
+}
+
+pub(super) async fn drive(
+    engine: Arc<Engine>,
+    run_id: String,
+    resume: bool,
+) -> Result<RunEnd, Error> {
+    let run = engine
+        .store
+        .run(&run_id)?
+        .ok_or_else(|| Error::UnknownRun(run_id.clone()))?;
+    if run.status != "running" {
+        return Ok(RunEnd::Finished(run.status));
+    }
+    let trigger: Normalised =
+        serde_json::from_str(&run.context_json).map_err(|e| Error::CorruptRun {
+            run_id: run_id.clone(),
+            detail: format!("context_json: {e}"),
+        })?;
+    let Some(pipeline) = engine.pipeline(&run.pipeline_name) else {
+        return Err(Error::UnknownPipeline(run.pipeline_name.clone()));
+    };
+    let stored = engine.store.steps(&run_id)?;
+    let plan = plan::plan(&pipeline, &stored);
+    let mut rs = RunState {
+        engine: engine.clone(),
+        usage: plan.usage,
+        run,
+        pipeline: pipeline.clone(),
+        trigger: Arc::new(trigger),
+        outputs: Outputs::default(),
+        final_output: None,
+    };
+    if resume {
+        announce_resume(&mut rs, &plan).await?;
+    }
+    for (i, entry) in pipeline.steps.iter().enumerate() {
+        if engine.is_cancelled(rs.id()) {
+            let w = vec![rs.ev(
+                "warn",
+                "run_cancelled",
+                "Run cancelled at a step boundary.",
+                json!({"before_step": entry.name()}),
+            )];
+            return finish(&mut rs, UnitStatus::Failed, "cancelled", None, None, "", w).await;
+        }
+        if engine.is_shutting_down() {
+            tracing::info!(run_id = %rs.id(), step = %entry.name(), "Shutdown: run left at a step boundary, resumes on next start.");
+            return Ok(RunEnd::Drained);
+        }
+        let unit_plan = plan.units.get(i).cloned().unwrap_or(UnitPlan::NotStarted);
+        let outcome = match unit_plan {
+            UnitPlan::Kept { output, .. } => {
+                if let Some(o) = output {
+                    register(&mut rs, entry, &o);
+                }
+                continue;
+            }
+            UnitPlan::Terminal {
+                status,
+                output,
+                reason,
+            } => {
+                return close_terminal(&mut rs, i, entry, status, output, reason).await;
+            }
+            UnitPlan::NotStarted => {
+                if !when_passes(&rs, entry) {
+                    skip(&rs, i, entry).await?;
+                    continue;
+                }
+                run_unit(&mut rs, i, entry, Start::Fresh, None).await?
+            }
+            UnitPlan::InFlight(InFlight::Rerun { attempt }) => {
+                run_unit(&mut rs, i, entry, Start::Rerun { attempt }, None).await?
+            }
+            UnitPlan::InFlight(InFlight::Escalate) => {
+                UnitOutcome::Done(Box::new(super::step::escalate_in_flight(&rs, i, entry)))
+            }
+            UnitPlan::Waiting => run_unit(&mut rs, i, entry, Start::Rearm, None).await?,
+            UnitPlan::Group { branches, items } => {
+                run_unit(&mut rs, i, entry, Start::Fresh, Some((branches, items))).await?
+            }
+        };
+        let result = match outcome {
+            UnitOutcome::Done(r) => r,
+            UnitOutcome::Drained => return Ok(RunEnd::Drained),
+        };
+        if let Some(end) = settle(&mut rs, entry, *result).await? {
+            return Ok(end);
+        }
+    }
+    finish(
+        &mut rs,
+        UnitStatus::Completed,
+        "completed",
+        None,
+        None,
+        "",
+        Vec::new(),
+    )
+    .await
+}
+
+type GroupPlan = (Vec<plan::BranchPlan>, Option<Vec<Value>>);
+
+async fn run_unit(
+    rs: &mut RunState,
+    i: usize,
+    entry: &Entry,
+    start: Start,
+    group: Option<GroupPlan>,
+) -> Result<UnitOutcome, Error> {
+    match entry {
+        Entry::Step(s) => super::step::run(rs, i, s, start).await,
+        Entry::Parallel(p) => super::group::parallel(rs, i, p, group.map(|g| g.0)).await,
+        Entry::FanOut(f) => super::group::fan_out(rs, i, f, group).await,
+    }
+}
+
+fn register(rs: &mut RunState, entry: &Entry, output: &Value) {
+    rs.outputs.insert(entry.name(), output.clone());
+    rs.final_output = Some(output.clone());
+}
+
+fn when_passes(rs: &RunState, entry: &Entry) -> bool {
+    let Some(expr) = entry.when() else {
+        return true;
+    };
+    let ctx = context::to_template_value(rs.context(entry.name(), None, None, None));
+    match rs.pipeline.templates.eval(expr, &ctx) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(run_id = %rs.id(), step = %entry.name(), error = %e, "`when` failed to evaluate; the step is skipped.");
+            false
+        }
+    }
+}
+
+async fn skip(rs: &RunState, i: usize, entry: &Entry) -> Result<(), Error> {
+    let now = rs.now();
+    let mut rec = records::running(records::NewRecord {
+        run_id: rs.id(),
+        path: entry.name(),
+        index: records::step_index(i, None),
+        kind: kind_of(entry),
+        action: None,
+        started_at: now,
+        attempt: 0,
+        iteration: 0,
+    });
+    rec.status = "skipped".into();
+    rec.finished_at = Some(now);
+    rec.duration_ms = Some(0);
+    let msg = format!("Step skipped: `when` is false for {}", entry.name());
+    rs.commit(vec![
+        Write::UpsertStep(rec),
+        rs.ev("info", "step_skipped", msg, json!({"step": entry.name()})),
+    ])
+    .await
+}
+
+pub(super) fn kind_of(entry: &Entry) -> &'static str {
+    match entry {
+        Entry::Step(_) => "step",
+        Entry::Parallel(_) => "parallel",
+        Entry::FanOut(_) => "fan_out",
+    }
+}
+
+/// Commits a unit's result and what follows from it. Returns the run's end when
+/// the unit ended the run.
+async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Option<RunEnd>, Error> {
+    let name = entry.name().to_string();
+    let output_json = r.output.to_json();
+    for (k, v) in &r.register {
+        rs.outputs.insert(k, v.clone());
+    }
+    rs.outputs.insert(&name, output_json.clone());
+    crate::telemetry::step_finished(
+        &rs.pipeline.name,
+        &name,
+        &r.record.executor,
+        r.status.as_str(),
+        r.record.duration_ms.unwrap_or(0) as f64 / 1000.0,
+    );
+    let mut writes = vec![Write::UpsertStep(r.record)];
+    writes.extend(r.events);
+    let summary = r.output.summary.clone();
+    let gate = entry.gate();
+    let mut extra = Map::new();
+    extra.insert("step_summary".into(), Value::from(summary.clone()));
+    extra.insert("confidence".into(), Value::from(r.output.confidence));
+    extra.insert(
+        "confidence_threshold".into(),
+        Value::from(gate.confidence_threshold),
+    );
+    let low = r.error.is_none() && r.output.confidence < gate.confidence_threshold;
+    match r.status {
+        UnitStatus::Completed | UnitStatus::Skipped => {
+            rs.final_output = Some(output_json);
+            add_usage(rs, &r.usage, &mut writes);
+            if let Some(msg) = rs.pipeline.budget.as_ref().and_then(|b| {
+                flow::budget_exceeded(b, rs.usage.tokens(), rs.usage.cost_usd.unwrap_or(0.0))
+            }) {
+                writes.push(rs.ev("warn", "budget_exceeded", msg.clone(), json!({"step": name, "tokens_used": rs.usage.tokens(), "cost_usd": rs.usage.cost_usd.unwrap_or(0.0)})));
+                extra.insert("step_summary".into(), Value::from(msg.clone()));
+                return finish(
+                    rs,
+                    UnitStatus::Aborted,
+                    "notify",
+                    Some(&name),
+                    Some(msg),
+                    "budget_exceeded",
+                    writes,
+                )
+                .await
+                .map(Some);
+            }
+            rs.commit(writes).await?;
+            Ok(None)
+        }
+        UnitStatus::Failed if matches!(entry, Entry::Step(s) if s.on_failure.continue_run) => {
+            writes.push(rs.ev(
+                "warn",
+                "step_failed_continuing",
+                format!("Step {name} failed; on_failure=continue"),
+                json!({"step": name, "error": r.error}),
+            ));
+            add_usage(rs, &r.usage, &mut writes);
+            if let Entry::Step(s) = entry {
+                writes.extend(outbox::failure_webhook(rs, s, &summary, "failed"));
+            }
+            rs.commit(writes).await?;
+            Ok(None)
+        }
+        status => {
+            add_usage(rs, &r.usage, &mut writes);
+            let action = match status {
+                UnitStatus::Stopped => {
+                    extra.insert(
+                        "proceed_reason".into(),
+                        r.output
+                            .proceed_reason
+                            .clone()
+                            .map(Value::from)
+                            .unwrap_or(Value::Null),
+                    );
+                    "stopped".to_string()
+                }
+                UnitStatus::Aborted => gate.on_abort.clone(),
+                _ => "escalate".to_string(),
+            };
+            extra.insert(
+                "escalation_reason".into(),
+                Value::from(if low {
+                    "low_confidence"
+                } else {
+                    status.as_str()
+                }),
+            );
+            if let (UnitStatus::Failed, Entry::Step(s)) = (status, entry) {
+                writes.extend(outbox::failure_webhook(rs, s, &summary, "failed"));
+            }
+            if status == UnitStatus::Stopped {
+                rs.final_output = Some(output_json);
+            }
+            let reason = r.error.clone().unwrap_or(summary);
+            writes.extend(outbox::record(rs, &action, &name, &extra));
+            finish(
+                rs,
+                status,
+                status.as_str(),
+                Some(&name),
+                Some(reason),
+                "",
+                writes,
+            )
+            .await
+            .map(Some)
+        }
+    }
+}
+
+fn add_usage(rs: &mut RunState, usage: &Usage, writes: &mut Vec<Write>) {
+    if usage.tokens() == 0 && usage.cost_usd.is_none() {
+        return;
+    }
+    rs.usage.add(usage);
+    crate::telemetry::usage(
+        &rs.pipeline.name,
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.cost_usd.unwrap_or(0.0),
+    );
+    writes.push(Write::SetRunUsage {
+        run_id: rs.id().to_string(),
+        tokens_used: rs.usage.tokens(),
+        cost_usd: rs.usage.cost_usd.unwrap_or(0.0),
+    });
+}
+
+/// Ends the run: `run_finished`, the terminal status and the notifications owed are
+/// committed together with `writes`, then the notifications are delivered.
+/// `action` names a notification action to record (already recorded by the caller
+/// when empty or when it passes `notify` for budgets).
+pub(super) async fn finish(
+    rs: &mut RunState,
+    _unit_status: UnitStatus,
+    status: &str,
+    terminal_step: Option<&str>,
+    reason: Option<String>,
+    why: &str,
+    mut writes: Vec<Write>,
+) -> Result<RunEnd, Error> {
+    let status = match (status, why) {
+        (_, "budget_exceeded") => "aborted",
+        ("notify", _) => "aborted",
+        (s, _) => s,
+    };
+    if why == "budget_exceeded" {
+        let mut extra = Map::new();
+        extra.insert(
+            "step_summary".into(),
+            Value::from(reason.clone().unwrap_or_default()),
+        );
+        writes.extend(outbox::record(
+            rs,
+            "notify",
+            terminal_step.unwrap_or(""),
+            &extra,
+        ));
+    }
+    let now = rs.now();
+    writes.push(rs.ev(
+        if status == "completed" || status == "stopped" {
+            "info"
+        } else {
+            "warn"
+        },
+        "run_finished",
+        format!("Pipeline finished: {status}"),
+        json!({"status": status, "terminal_step": terminal_step, "reason": reason}),
+    ));
+    writes.push(Write::FinishRun {
+        run_id: rs.id().to_string(),
+        status: status.to_string(),
+        completed_at: now,
+        terminal_step: terminal_step.map(str::to_string),
+        reason: reason.clone(),
+        final_output_json: rs.final_output.as_ref().map(Value::to_string),
+    });
+    if status != "completed" {
+        writes.push(Write::CloseApprovalsOfRun {
+            run_id: rs.id().to_string(),
+            at: now,
+        });
+    }
+    rs.commit(writes).await?;
+    crate::telemetry::run_finished(&rs.pipeline.name, status);
+    tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status, "Run finished.");
+    outbox::deliver_run(&rs.engine, rs.id()).await;
+    Ok(RunEnd::Finished(status.to_string()))
+}
+
+/// A unit that ended the run was recorded but the run was not closed (a store from
+/// an older build, or a partial write): close it now without running anything.
+async fn close_terminal(
+    rs: &mut RunState,
+    _i: usize,
+    entry: &Entry,
+    status: UnitStatus,
+    output: Option<Value>,
+    reason: Option<String>,
+) -> Result<RunEnd, Error> {
+    let name = entry.name().to_string();
+    let mut extra = Map::new();
+    let summary = output
+        .as_ref()
+        .and_then(|o| o.get("summary"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    extra.insert("step_summary".into(), Value::from(summary.clone()));
+    let action = match status {
+        UnitStatus::Stopped => "stopped".to_string(),
+        UnitStatus::Aborted => entry.gate().on_abort.clone(),
+        _ => "escalate".to_string(),
+    };
+    let writes = outbox::record(rs, &action, &name, &extra);
+    if status == UnitStatus::Stopped {
+        rs.final_output = output;
+    }
+    finish(
+        rs,
+        status,
+        status.as_str(),
+        Some(&name),
+        reason.or(Some(summary)),
+        "",
+        writes,
+    )
+    .await
+}
+
+async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Result<(), Error> {
+    let count = rs.run.resume_count + 1;
+    let fields = json!({
+        "steps_skipped": plan.steps_skipped,
+        "branches_skipped": plan.branches_skipped,
+        "in_flight": plan.in_flight,
+        "on_interrupted": plan.on_interrupted.as_str(),
+        "resume_count": count,
+    });
+    tracing::warn!(
+        run_id = %rs.id(),
+        pipeline = %rs.pipeline.name,
+        steps_skipped = plan.steps_skipped,
+        branches_skipped = plan.branches_skipped,
+        in_flight = ?plan.in_flight,
+        on_interrupted = plan.on_interrupted.as_str(),
+        resume_count = count,
+        "Resuming run after restart."
+    );
+    let msg = format!(
+        "Run resumed after restart: {} step(s) and {} branch(es) kept, in flight: {:?}, on_interrupted={}",
+        plan.steps_skipped,
+        plan.branches_skipped,
+        plan.in_flight,
+        plan.on_interrupted.as_str()
+    );
+    let now = rs.now();
+    rs.commit(vec![
+        rs.ev("warn", "run_resumed", msg, fields),
+        Write::MarkResumed {
+            run_id: rs.id().to_string(),
+            at: now,
+        },
+    ])
+    .await?;
+    rs.run.resume_count = count;
+    crate::telemetry::run_resumed(&rs.pipeline.name);
+    Ok(())
+}

@@ -1,0 +1,652 @@
+//! Parallel groups and fan-outs: branches run concurrently, each recorded the
+//! moment it finishes, then joined over the full set (kept + fresh).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::drive::{RunState, UnitOutcome, UnitResult};
+use super::records::{self, NewRecord};
+use super::step::{call_once, CallFailure, CallSpec};
+use super::{Engine, Error};
+use crate::pipeline::{Action, FanOut, Gate, Join, Parallel, Pipeline};
+use crate::run::context::{self, ItemVars};
+use crate::run::flow::{self, FanOutItems, UnitStatus};
+use crate::run::plan::{BranchPlan, InFlight};
+use crate::run::{StepOutput, Usage};
+use crate::store::{StepRecord, Write};
+
+/// One branch to execute, owning what it needs so it can run as its own task.
+struct BranchJob {
+    engine: Arc<Engine>,
+    pipeline: Arc<Pipeline>,
+    run_id: String,
+    group: String,
+    path: String,
+    index: u32,
+    kind: &'static str,
+    action: Action,
+    ctx: minijinja::Value,
+    attempt: u32,
+}
+
+struct BranchDone {
+    pos: usize,
+    output: Value,
+    confidence: f64,
+    failed: bool,
+    usage: Usage,
+}
+
+enum BranchEnd {
+    Done(BranchDone),
+    Drained,
+}
+
+impl BranchJob {
+    async fn run(self, pos: usize) -> Result<BranchEnd, Error> {
+        let now = self.engine.now_ms();
+        let mut rec = records::running(NewRecord {
+            run_id: &self.run_id,
+            path: &self.path,
+            index: self.index,
+            kind: self.kind,
+            action: Some(&self.action),
+            started_at: now,
+            attempt: self.attempt,
+            iteration: 1,
+        });
+        self.engine
+            .store
+            .commit(vec![Write::UpsertStep(rec.clone())])
+            .await?;
+        let key = records::idempotency_key(&self.run_id, &self.path, 1);
+        let result = call_once(CallSpec {
+            rs_engine: &self.engine,
+            pipeline: &self.pipeline,
+            run_id: &self.run_id,
+            path: &self.path,
+            key: &key,
+            attempt: self.attempt,
+            action: &self.action,
+            ctx: &self.ctx,
+        })
+        .await;
+        let now = self.engine.now_ms();
+        let (status, output, usage, error) = match result {
+            Ok(o) => ("completed", o.output, o.usage, None),
+            Err(CallFailure::Drained) => return Ok(BranchEnd::Drained),
+            Err(CallFailure::Error(msg)) => {
+                let mut out = StepOutput::failed(&msg);
+                out.extra.insert("failed".into(), Value::Bool(true));
+                ("failed", out, Usage::default(), Some(msg))
+            }
+        };
+        records::finish(&mut rec, status, &output, &usage, error.clone(), now);
+        let (name, level) = if error.is_none() {
+            ("branch_completed", "info")
+        } else {
+            ("branch_failed", "warn")
+        };
+        let ev = records::event(
+            &self.run_id,
+            now,
+            level,
+            name,
+            format!("Branch {} {status}", self.path),
+            json!({"branch": self.path, "group": self.group, "confidence": output.confidence, "error": error}),
+        );
+        self.engine
+            .store
+            .commit(vec![Write::UpsertStep(rec), ev])
+            .await?;
+        Ok(BranchEnd::Done(BranchDone {
+            pos,
+            confidence: if error.is_some() {
+                0.0
+            } else {
+                output.confidence
+            },
+            output: output.to_json(),
+            failed: error.is_some(),
+            usage,
+        }))
+    }
+}
+
+/// A group's branches, described once for both shapes.
+struct Shape<'a> {
+    name: &'a str,
+    kind: &'static str,
+    branch_kind: &'static str,
+    gate: &'a Gate,
+    join: Join,
+    /// (template key, path, action, weight) per branch.
+    branches: Vec<(String, String, &'a Action, f64)>,
+    timeout: Option<Duration>,
+    label: &'static str,
+}
+
+fn group_record(rs: &RunState, i: usize, shape: &Shape<'_>) -> StepRecord {
+    let mut rec = records::running(NewRecord {
+        run_id: rs.id(),
+        path: shape.name,
+        index: records::step_index(i, None),
+        kind: shape.kind,
+        action: None,
+        started_at: rs.now(),
+        attempt: 1,
+        iteration: 1,
+    });
+    rec.executor = shape.kind.to_string();
+    rec
+}
+
+pub(super) async fn parallel(
+    rs: &mut RunState,
+    i: usize,
+    p: &Parallel,
+    plan: Option<Vec<BranchPlan>>,
+) -> Result<UnitOutcome, Error> {
+    let shape = Shape {
+        name: &p.name,
+        kind: "parallel",
+        branch_kind: "branch",
+        gate: &p.gate,
+        join: p.join,
+        branches: p
+            .branches
+            .iter()
+            .map(|b| {
+                (
+                    b.name.clone(),
+                    format!("{}/{}", p.name, b.name),
+                    &b.action,
+                    b.weight,
+                )
+            })
+            .collect(),
+        timeout: p.timeout_seconds.map(Duration::from_secs_f64),
+        label: "Parallel group",
+    };
+    let mut rec = group_record(rs, i, &shape);
+    let plans = match plan {
+        Some(pl) => pl,
+        None => {
+            rs.commit(vec![
+                Write::UpsertStep(rec.clone()),
+                rs.ev(
+                    "info",
+                    "parallel_group_started",
+                    format!(
+                        "Parallel group {} started: {} branch(es)",
+                        p.name,
+                        p.branches.len()
+                    ),
+                    json!({"group": p.name, "branches": p.branches.len()}),
+                ),
+            ])
+            .await?;
+            vec![BranchPlan::NotStarted; p.branches.len()]
+        }
+    };
+    let ctx = context::to_template_value(rs.context(&p.name, None, None, None));
+    let ctxs = vec![ctx; shape.branches.len()];
+    run_group(
+        rs,
+        i,
+        &shape,
+        plans,
+        ctxs,
+        &mut rec,
+        "parallel_group_completed",
+    )
+    .await
+}
+
+pub(super) async fn fan_out(
+    rs: &mut RunState,
+    i: usize,
+    f: &FanOut,
+    plan: Option<(Vec<BranchPlan>, Option<Vec<Value>>)>,
+) -> Result<UnitOutcome, Error> {
+    let mut shape = Shape {
+        name: &f.name,
+        kind: "fan_out",
+        branch_kind: "fan_out_branch",
+        gate: &f.gate,
+        join: f.join,
+        branches: Vec::new(),
+        timeout: None,
+        label: "Fan-out",
+    };
+    let mut rec = group_record(rs, i, &shape);
+    rec.executor = f.action.executor_name.clone();
+    rec.agent = f.action.agent.clone();
+    let (plans, items) = match plan {
+        Some((plans, Some(items))) => (plans, items),
+        _ => {
+            let ctx = context::to_template_value(rs.context(&f.name, None, None, None));
+            let items = rs
+                .pipeline
+                .templates
+                .render(&f.over, &ctx)
+                .map_err(|e| format!("Fan-out '{}': failed to resolve 'over': {e}", f.name))
+                .and_then(|text| flow::parse_items(&f.name, &text));
+            let decision = match items {
+                Ok(items) => flow::fan_out_items(&f.name, items, f.max_items, f.on_empty),
+                Err(reason) => FanOutItems::Fail {
+                    event: "fan_out_failed",
+                    reason,
+                },
+            };
+            match decision {
+                FanOutItems::Run(items) => {
+                    rec.items_json = Some(Value::Array(items.clone()).to_string());
+                    rs.commit(vec![
+                        Write::UpsertStep(rec.clone()),
+                        rs.ev(
+                            "info",
+                            "fan_out_started",
+                            format!("Fan-out {} started: {} item(s)", f.name, items.len()),
+                            json!({"step": f.name, "items": items.len()}),
+                        ),
+                    ])
+                    .await?;
+                    (vec![BranchPlan::NotStarted; items.len()], items)
+                }
+                FanOutItems::Empty { event } => {
+                    let out = StepOutput::new(1.0, format!("Fan-out '{}': empty list", f.name));
+                    records::finish(
+                        &mut rec,
+                        "completed",
+                        &out,
+                        &Usage::default(),
+                        None,
+                        rs.now(),
+                    );
+                    let ev = rs.ev(
+                        "warn",
+                        event,
+                        format!("Fan-out {} had no items", f.name),
+                        json!({"step": f.name}),
+                    );
+                    return Ok(done(
+                        UnitStatus::Completed,
+                        out,
+                        rec,
+                        vec![ev],
+                        None,
+                        Vec::new(),
+                        Usage::default(),
+                    ));
+                }
+                FanOutItems::Fail { event, reason } => {
+                    let out = StepOutput::failed(&reason);
+                    records::finish(
+                        &mut rec,
+                        "failed",
+                        &out,
+                        &Usage::default(),
+                        Some(reason.clone()),
+                        rs.now(),
+                    );
+                    let ev = rs.ev("error", event, reason.clone(), json!({"step": f.name}));
+                    return Ok(done(
+                        UnitStatus::Failed,
+                        out,
+                        rec,
+                        vec![ev],
+                        Some(reason),
+                        Vec::new(),
+                        Usage::default(),
+                    ));
+                }
+            }
+        }
+    };
+    rec.items_json = Some(Value::Array(items.clone()).to_string());
+    shape.branches = (0..items.len())
+        .map(|n| {
+            (
+                format!("{}/{n}", f.name),
+                format!("{}/{n}", f.name),
+                &f.action,
+                1.0,
+            )
+        })
+        .collect();
+    let total = items.len();
+    let ctxs = items
+        .iter()
+        .enumerate()
+        .map(|(n, item)| {
+            context::to_template_value(rs.context(
+                &f.name,
+                None,
+                Some(ItemVars {
+                    name: &f.item_var,
+                    item,
+                    index: n,
+                    total,
+                }),
+                None,
+            ))
+        })
+        .collect();
+    run_group(rs, i, &shape, plans, ctxs, &mut rec, "fan_out_completed").await
+}
+
+fn done(
+    status: UnitStatus,
+    output: StepOutput,
+    record: StepRecord,
+    events: Vec<Write>,
+    error: Option<String>,
+    register: Vec<(String, Value)>,
+    usage: Usage,
+) -> UnitOutcome {
+    UnitOutcome::Done(Box::new(UnitResult {
+        status,
+        output,
+        usage,
+        record,
+        events,
+        error,
+        register,
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_group(
+    rs: &mut RunState,
+    i: usize,
+    shape: &Shape<'_>,
+    plans: Vec<BranchPlan>,
+    ctxs: Vec<minijinja::Value>,
+    rec: &mut StepRecord,
+    completed_event: &str,
+) -> Result<UnitOutcome, Error> {
+    let n = shape.branches.len();
+    let mut confidences: Vec<Option<(f64, bool)>> = vec![None; n];
+    let mut register = Vec::new();
+    // Branches kept from before a restart keep their outputs.
+    for (pos, plan) in plans.iter().enumerate() {
+        if let BranchPlan::Kept { status, output, .. } = plan {
+            let failed = status != "completed";
+            let c = if failed {
+                0.0
+            } else {
+                output
+                    .get("confidence")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(0.0)
+            };
+            confidences[pos] = Some((c, failed));
+            if let Some((key, path, _, _)) = shape.branches.get(pos) {
+                register.push((key.clone(), output.clone()));
+                if key != path {
+                    register.push((path.clone(), output.clone()));
+                }
+            }
+        }
+    }
+    let escalating: Vec<usize> = plans
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| matches!(p, BranchPlan::InFlight(InFlight::Escalate)))
+        .map(|(pos, _)| pos)
+        .collect();
+    if !escalating.is_empty() {
+        return Ok(escalate_group(
+            rs,
+            shape,
+            &escalating,
+            &confidences,
+            rec,
+            register,
+        ));
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for (pos, plan) in plans.iter().enumerate() {
+        let attempt = match plan {
+            BranchPlan::NotStarted | BranchPlan::Waiting => 1,
+            BranchPlan::InFlight(InFlight::Rerun { attempt }) => *attempt,
+            _ => continue,
+        };
+        let Some((_, path, action, _)) = shape.branches.get(pos) else {
+            continue;
+        };
+        let job = BranchJob {
+            engine: rs.engine.clone(),
+            pipeline: rs.pipeline.clone(),
+            run_id: rs.id().to_string(),
+            group: shape.name.to_string(),
+            path: path.clone(),
+            index: records::step_index(i, Some(pos)),
+            kind: shape.branch_kind,
+            action: (*action).clone(),
+            ctx: ctxs.get(pos).cloned().unwrap_or_default(),
+            attempt,
+        };
+        set.spawn(job.run(pos));
+    }
+    let deadline = shape.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut usage = Usage::default();
+    let mut drained = false;
+    loop {
+        let next = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, set.join_next()).await {
+                Ok(n) => n,
+                Err(_) => {
+                    set.abort_all();
+                    return timed_out(rs, shape, rec, register).await;
+                }
+            },
+            None => set.join_next().await,
+        };
+        let Some(joined) = next else { break };
+        match joined {
+            Ok(Ok(BranchEnd::Done(b))) => {
+                usage.add(&b.usage);
+                confidences[b.pos] = Some((b.confidence, b.failed));
+                if let Some((key, path, _, _)) = shape.branches.get(b.pos) {
+                    register.push((key.clone(), b.output.clone()));
+                    if key != path {
+                        register.push((path.clone(), b.output));
+                    }
+                }
+            }
+            Ok(Ok(BranchEnd::Drained)) => drained = true,
+            Ok(Err(e)) => return Err(e),
+            Err(join_err) => {
+                tracing::error!(run_id = %rs.id(), group = shape.name, error = %join_err, "A branch task ended abnormally.");
+            }
+        }
+    }
+    if drained {
+        return Ok(UnitOutcome::Drained);
+    }
+    let weighted: Vec<(f64, f64)> = shape
+        .branches
+        .iter()
+        .enumerate()
+        .map(|(pos, (_, _, _, w))| (confidences[pos].map_or(0.0, |c| c.0), *w))
+        .collect();
+    let completed = confidences
+        .iter()
+        .filter(|c| matches!(c, Some((_, false))))
+        .count();
+    let joined = flow::join(shape.join, &weighted);
+    let output = StepOutput::new(
+        joined,
+        format!(
+            "{} '{}': {completed}/{n} branches completed",
+            shape.label, shape.name
+        ),
+    );
+    let status = flow::gate(joined, true, shape.gate);
+    records::finish(
+        rec,
+        status.as_str(),
+        &output,
+        &Usage::default(),
+        None,
+        rs.now(),
+    );
+    let level = if status == UnitStatus::Completed {
+        "info"
+    } else {
+        "warn"
+    };
+    let mut events = vec![rs.ev(level, completed_event, output.summary.clone(),
+        json!({"step": shape.name, "group": shape.name, "confidence": joined, "completed": completed, "total": n, "status": status.as_str()}))];
+    if status != UnitStatus::Completed {
+        events.push(rs.ev(
+            "warn",
+            status.step_event(),
+            format!("{} {} {}", shape.label, shape.name, status.as_str()),
+            json!({"step": shape.name, "confidence": joined}),
+        ));
+    }
+    Ok(done(
+        status,
+        output,
+        rec.clone(),
+        events,
+        None,
+        register,
+        usage,
+    ))
+}
+
+fn escalate_group(
+    rs: &RunState,
+    shape: &Shape<'_>,
+    escalating: &[usize],
+    confidences: &[Option<(f64, bool)>],
+    rec: &mut StepRecord,
+    register: Vec<(String, Value)>,
+) -> UnitOutcome {
+    let n = shape.branches.len();
+    let kept = confidences.iter().filter(|c| c.is_some()).count();
+    let weighted: Vec<(f64, f64)> = shape
+        .branches
+        .iter()
+        .enumerate()
+        .filter_map(|(pos, b)| confidences[pos].map(|c| (c.0, b.3)))
+        .collect();
+    let joined = if weighted.is_empty() {
+        0.0
+    } else {
+        flow::join(shape.join, &weighted)
+    };
+    let paths: Vec<String> = escalating
+        .iter()
+        .filter_map(|p| shape.branches.get(*p).map(|b| b.1.clone()))
+        .collect();
+    let summary = format!(
+        "{} '{}' escalated on resume (durable.on_interrupted=escalate): {} branch(es) were in flight, {kept}/{n} had completed",
+        shape.label,
+        shape.name,
+        paths.len()
+    );
+    let output = StepOutput::new(joined, summary.clone());
+    let mut events = Vec::new();
+    let now = rs.now();
+    for path in &paths {
+        let mut b = records::running(NewRecord {
+            run_id: rs.id(),
+            path,
+            index: 0,
+            kind: shape.branch_kind,
+            action: None,
+            started_at: now,
+            attempt: 1,
+            iteration: 1,
+        });
+        // Keep the branch's position and executor from its original record.
+        if let Ok(existing) = rs.engine.store.steps(rs.id()) {
+            if let Some(orig) = existing.into_iter().find(|r| &r.step_path == path) {
+                b = orig;
+            }
+        }
+        records::finish(
+            &mut b,
+            "escalated",
+            &StepOutput::new(0.0, "escalated on resume"),
+            &Usage::default(),
+            None,
+            now,
+        );
+        events.push(Write::UpsertStep(b));
+    }
+    events.push(rs.ev(
+        "warn",
+        "resume_step_escalated",
+        summary,
+        json!({"step": shape.name, "branches": paths}),
+    ));
+    records::finish(rec, "escalated", &output, &Usage::default(), None, now);
+    done(
+        UnitStatus::Escalated,
+        output,
+        rec.clone(),
+        events,
+        None,
+        register,
+        Usage::default(),
+    )
+}
+
+async fn timed_out(
+    rs: &RunState,
+    shape: &Shape<'_>,
+    rec: &mut StepRecord,
+    register: Vec<(String, Value)>,
+) -> Result<UnitOutcome, Error> {
+    let secs = shape.timeout.map_or(0.0, |t| t.as_secs_f64());
+    let reason = format!("{} '{}' timed out after {secs}s", shape.label, shape.name);
+    let now = rs.now();
+    // Branches cut off by the timeout are closed as failed so nothing looks in flight.
+    let mut writes = Vec::new();
+    for r in rs.engine.store.steps(rs.id())? {
+        if r.status == "running" && r.step_path.starts_with(&format!("{}/", shape.name)) {
+            let mut r = r;
+            records::finish(
+                &mut r,
+                "failed",
+                &StepOutput::failed("cancelled: group timed out"),
+                &Usage::default(),
+                Some("cancelled: group timed out".into()),
+                now,
+            );
+            writes.push(Write::UpsertStep(r));
+        }
+    }
+    writes.push(rs.ev(
+        "error",
+        "branch_failed",
+        reason.clone(),
+        json!({"group": shape.name, "reason": "group_timeout"}),
+    ));
+    let out = StepOutput::failed(&reason);
+    records::finish(
+        rec,
+        "failed",
+        &out,
+        &Usage::default(),
+        Some(reason.clone()),
+        now,
+    );
+    Ok(done(
+        UnitStatus::Failed,
+        out,
+        rec.clone(),
+        writes,
+        Some(reason),
+        register,
+        Usage::default(),
+    ))
+}

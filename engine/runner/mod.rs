@@ -1,0 +1,328 @@
+//! The driver: performs what `run/` decides. It records every step before and
+//! after its executor runs, executes groups concurrently, finishes runs together
+//! with the notifications they owe, and resumes runs left `running` by a crash.
+//!
+//! Invariants kept here:
+//! - a unit's record is committed as `running` before its executor is called, and
+//!   its terminal record is committed before anything that depends on it starts;
+//! - a unit that ends the run is committed in the same transaction as the run's
+//!   terminal status, `run_finished` and the notifications it owes, so a crash can
+//!   neither continue past it nor lose or repeat those notifications;
+//! - branches of a group are recorded one by one as they finish.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::executor::Executors;
+use crate::pipeline::{Pipeline, PipelineSet};
+use crate::run::context::Normalised;
+use crate::store::{Outcome, RunRecord, Store, Write};
+
+mod drive;
+mod group;
+mod human;
+pub mod outbox;
+pub mod records;
+mod step;
+mod subpipeline;
+pub mod sweep;
+
+/// Why the runner could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] crate::store::Error),
+    #[error("no pipeline named `{0}` is loaded")]
+    UnknownPipeline(String),
+    #[error("run `{0}` does not exist")]
+    UnknownRun(String),
+    #[error("stored run `{run_id}` is unreadable: {detail}")]
+    CorruptRun { run_id: String, detail: String },
+}
+
+/// How a call to [`Engine::drive`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The run reached this terminal status.
+    Finished(String),
+    /// Shutdown stopped the run at a step boundary; it stays `running` to be resumed.
+    Drained,
+}
+
+/// The result of asking for a new run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    Inserted(String),
+    /// A `running` run with the same pipeline and dedup fingerprint exists.
+    Duplicate(String),
+}
+
+/// Where a child run hangs off its parent.
+#[derive(Debug, Clone)]
+pub struct ParentLink {
+    pub run_id: String,
+    pub step_path: String,
+}
+
+pub struct Engine {
+    pub store: Store,
+    pub config: Arc<Config>,
+    pipelines: RwLock<Arc<PipelineSet>>,
+    pub executors: Executors,
+    pub http: reqwest::Client,
+    pub clock: Arc<dyn Clock>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    cancelled: Mutex<HashSet<String>>,
+    active: AtomicUsize,
+    idle: tokio::sync::Notify,
+    approval_signals: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+}
+
+impl Engine {
+    pub fn new(
+        config: Arc<Config>,
+        pipelines: PipelineSet,
+        store: Store,
+        executors: Executors,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Engine> {
+        let (shutdown, _) = tokio::sync::watch::channel(false);
+        Arc::new(Engine {
+            store,
+            config,
+            pipelines: RwLock::new(Arc::new(pipelines)),
+            executors,
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .build()
+                .unwrap_or_default(),
+            clock,
+            shutdown,
+            cancelled: Mutex::new(HashSet::new()),
+            active: AtomicUsize::new(0),
+            idle: tokio::sync::Notify::new(),
+            approval_signals: Mutex::new(std::collections::HashMap::new()),
+        })
+    }
+
+    pub fn pipelines(&self) -> Arc<PipelineSet> {
+        match self.pipelines.read() {
+            Ok(p) => p.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn pipeline(&self, name: &str) -> Option<Arc<Pipeline>> {
+        self.pipelines().get(name).cloned()
+    }
+
+    pub fn now_ms(&self) -> i64 {
+        self.clock.now_ms()
+    }
+
+    /// Records a new run (status `running`, `run_started`) without starting it.
+    pub async fn create_run(
+        &self,
+        pipeline: &Pipeline,
+        trigger: &Normalised,
+        payload: &Value,
+        parent: Option<ParentLink>,
+    ) -> Result<Created, Error> {
+        let id = uuid::Uuid::new_v4().to_string();
+        let now = self.now_ms();
+        let triggered_at = chrono::DateTime::parse_from_rfc3339(&trigger.received_at)
+            .map(|t| t.timestamp_millis())
+            .unwrap_or(now);
+        let mut trigger = trigger.clone();
+        if trigger.received_at.is_empty() {
+            trigger.received_at = crate::clock::rfc3339(now);
+        }
+        let record = RunRecord {
+            id: id.clone(),
+            pipeline_name: pipeline.name.clone(),
+            status: "running".into(),
+            source: trigger.source.clone(),
+            team: trigger.team.clone(),
+            stage: pipeline.stage.as_str().into(),
+            triggered_at,
+            completed_at: None,
+            resumed_at: None,
+            resume_count: 0,
+            config_fingerprint: pipeline.fingerprint.clone(),
+            parent_run_id: parent.as_ref().map(|p| p.run_id.clone()),
+            parent_step_path: parent.as_ref().map(|p| p.step_path.clone()),
+            dedup_fingerprint: trigger.fingerprint.clone().filter(|f| !f.is_empty()),
+            context_json: serde_json::to_string(&trigger).unwrap_or_else(|_| "{}".into()),
+            payload_json: payload.to_string(),
+            tokens_used: 0,
+            cost_usd: 0.0,
+            terminal_step: None,
+            reason: None,
+            final_output_json: None,
+        };
+        let started = records::event(
+            &id,
+            now,
+            "info",
+            "run_started",
+            format!("Run started for pipeline {}", pipeline.name),
+            serde_json::json!({"pipeline": pipeline.name, "source": trigger.source,
+                "config_fingerprint": pipeline.fingerprint, "parent_run_id": record.parent_run_id}),
+        );
+        let outcomes = self
+            .store
+            .commit(vec![Write::InsertRun(record), started])
+            .await?;
+        match outcomes.first() {
+            Some(Outcome::DuplicateRunning { existing_run_id }) => {
+                Ok(Created::Duplicate(existing_run_id.clone()))
+            }
+            _ => {
+                crate::telemetry::run_started(&pipeline.name);
+                tracing::info!(run_id = %id, pipeline = %pipeline.name, source = %trigger.source, "Run started.");
+                Ok(Created::Inserted(id))
+            }
+        }
+    }
+
+    /// Drives `run_id` until it ends or shutdown drains it. `resume` marks a run
+    /// picked up by the startup sweep (it logs `run_resumed`).
+    pub fn drive<'a>(
+        self: &'a Arc<Self>,
+        run_id: &'a str,
+        resume: bool,
+    ) -> crate::executor::BoxFuture<'a, Result<RunEnd, Error>> {
+        // Boxed with an explicit `Send` bound: runs nest (sub-pipelines), and the
+        // box breaks the recursive future type.
+        Box::pin(async move {
+            self.active.fetch_add(1, Ordering::SeqCst);
+            crate::telemetry::runs_in_progress(self.active.load(Ordering::SeqCst));
+            let result = drive::drive(self.clone(), run_id.to_string(), resume).await;
+            let left = self.active.fetch_sub(1, Ordering::SeqCst) - 1;
+            crate::telemetry::runs_in_progress(left);
+            if left == 0 {
+                self.idle.notify_waiters();
+            }
+            if let Err(e) = &result {
+                tracing::error!(run_id = %run_id, error = %e, "Run driver failed; the run stays running until the next start.");
+            }
+            result
+        })
+    }
+
+    /// Starts driving a run in the background.
+    pub fn spawn(
+        self: &Arc<Self>,
+        run_id: String,
+        resume: bool,
+    ) -> tokio::task::JoinHandle<Result<RunEnd, Error>> {
+        let engine = self.clone();
+        tokio::spawn(async move { engine.drive(&run_id, resume).await })
+    }
+
+    /// Number of runs being driven by this process.
+    pub fn active_runs(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// Asks a run to stop at its next step boundary.
+    pub fn cancel(&self, run_id: &str) {
+        if let Ok(mut c) = self.cancelled.lock() {
+            c.insert(run_id.to_string());
+        }
+    }
+
+    fn is_cancelled(&self, run_id: &str) -> bool {
+        self.cancelled
+            .lock()
+            .map(|c| c.contains(run_id))
+            .unwrap_or(false)
+    }
+
+    /// Stops starting new steps; steps in flight finish and are recorded.
+    pub fn begin_shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// Waits until no run is being driven, or `grace` passes. Returns whether idle.
+    pub async fn wait_idle(&self, grace: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let notified = self.idle.notified();
+            if self.active_runs() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.active_runs() == 0;
+            }
+        }
+    }
+
+    /// A receiver that changes when shutdown begins.
+    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    /// The wake-up for waiters on an approval token.
+    pub fn approval_signal(&self, token: &str) -> Arc<tokio::sync::Notify> {
+        let mut map = match self.approval_signals.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.entry(token.to_string())
+            .or_insert_with(|| Arc::new(tokio::sync::Notify::new()))
+            .clone()
+    }
+
+    /// Decides a pending approval; the first decision wins.
+    pub async fn decide_approval(
+        &self,
+        token: &str,
+        approve: bool,
+        by: &str,
+    ) -> Result<Outcome, Error> {
+        let now = self.now_ms();
+        let status = if approve { "approved" } else { "rejected" };
+        let Some(a) = self.store.approval(token)? else {
+            return Ok(Outcome::ApprovalUnknown);
+        };
+        let ev = records::event(
+            &a.run_id,
+            now,
+            "info",
+            "approval_decided",
+            format!("Approval for {} {status} by {by}", a.step_path),
+            serde_json::json!({"step": a.step_path, "token": token, "decision": status, "by": by}),
+        );
+        let decide = Write::DecideApproval {
+            token: token.to_string(),
+            status: status.into(),
+            by: Some(by.to_string()),
+            at: now,
+        };
+        let outcome = self
+            .store
+            .commit(vec![decide])
+            .await?
+            .into_iter()
+            .next()
+            .unwrap_or(Outcome::ApprovalUnknown);
+        if outcome == Outcome::ApprovalDecided {
+            // Logged only for the decision that won, after it is durable.
+            self.store.commit(vec![ev]).await?;
+            crate::telemetry::approval_decided(&a.pipeline_name, status);
+            self.approval_signal(token).notify_waiters();
+        }
+        Ok(outcome)
+    }
+}

@@ -1,0 +1,334 @@
+//! A plain step: `running` record, retries, timeouts, `loop_until`, the gate.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::drive::{RunState, Start, UnitOutcome, UnitResult};
+use super::records::{self, NewRecord};
+use super::Error;
+use crate::executor::{Call, Outcome};
+use crate::pipeline::{Action, Entry, ExecutorKind, Step};
+use crate::run::context::{self, LoopVars};
+use crate::run::flow::{self, UnitStatus};
+use crate::run::{StepOutput, Usage};
+use crate::store::Write;
+
+/// Why an executor call produced no outcome.
+pub(super) enum CallFailure {
+    Error(String),
+    /// Shutdown: the call was not made or its result must not be recorded.
+    Drained,
+}
+
+/// Everything needed to call an executor once, owned so branches can run in tasks.
+pub(super) struct CallSpec<'a> {
+    pub rs_engine: &'a std::sync::Arc<super::Engine>,
+    pub pipeline: &'a crate::pipeline::Pipeline,
+    pub run_id: &'a str,
+    pub path: &'a str,
+    pub key: &'a str,
+    pub attempt: u32,
+    pub action: &'a Action,
+    pub ctx: &'a minijinja::Value,
+}
+
+/// Renders the action's templates and calls its executor once, within its timeout.
+pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure> {
+    let templates = &spec.pipeline.templates;
+    let prompt = templates
+        .render(&spec.action.prompt, spec.ctx)
+        .map_err(|e| CallFailure::Error(format!("template error: {e}")))?;
+    let mut rendered = BTreeMap::new();
+    for (pointer, t) in &spec.action.config_templates {
+        let text = templates
+            .render(t, spec.ctx)
+            .map_err(|e| CallFailure::Error(format!("template error: {e}")))?;
+        rendered.insert(pointer.clone(), text);
+    }
+    let timeout = spec.action.timeout_seconds.map(Duration::from_secs_f64);
+    let call = Call {
+        run_id: spec.run_id,
+        pipeline: &spec.pipeline.name,
+        step_path: spec.path,
+        idempotency_key: spec.key,
+        attempt: spec.attempt,
+        action: spec.action,
+        prompt,
+        rendered,
+        timeout,
+    };
+    let fut = async {
+        match spec.action.executor {
+            ExecutorKind::Pipeline => super::subpipeline::run(spec.rs_engine, &call).await,
+            ExecutorKind::Human => super::human::run(spec.rs_engine, &call).await,
+            kind => match spec.rs_engine.executors.get(kind) {
+                Some(ex) => ex
+                    .execute(call.clone())
+                    .await
+                    .map_err(|e| CallFailure::Error(e.to_string())),
+                None => Err(CallFailure::Error(format!(
+                    "executor `{}` is not available in this process",
+                    spec.action.executor_name
+                ))),
+            },
+        }
+    };
+    match timeout {
+        // Sub-pipelines and human waits bound themselves; wrapping them would
+        // abandon a child run or an approval half-way.
+        Some(t)
+            if !matches!(
+                spec.action.executor,
+                ExecutorKind::Pipeline | ExecutorKind::Human
+            ) =>
+        {
+            match tokio::time::timeout(t, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(CallFailure::Error(format!(
+                    "Step timed out after {}s",
+                    t.as_secs_f64()
+                ))),
+            }
+        }
+        _ => fut.await,
+    }
+}
+
+pub(super) async fn run(
+    rs: &mut RunState,
+    i: usize,
+    step: &Step,
+    start: Start,
+) -> Result<UnitOutcome, Error> {
+    let path = step.name.as_str();
+    let first_attempt = match start {
+        Start::Rerun { attempt } => attempt,
+        _ => 1,
+    };
+    let started_at = rs.now();
+    let mut rec = records::running(NewRecord {
+        run_id: rs.id(),
+        path,
+        index: records::step_index(i, None),
+        kind: "step",
+        action: Some(&step.action),
+        started_at,
+        attempt: first_attempt,
+        iteration: 1,
+    });
+    let agent = step.action.agent.clone();
+    let resumed = matches!(start, Start::Rerun { .. });
+    rs.commit(vec![
+        Write::UpsertStep(rec.clone()),
+        rs.ev(
+            "info",
+            "step_started",
+            format!("Step started: {path}"),
+            json!({"step": path, "executor": step.action.executor_name, "agent": agent, "attempt": first_attempt, "rerun_after_restart": resumed}),
+        ),
+    ])
+    .await?;
+    let max_iterations = step.loop_until.as_ref().map_or(1, |l| l.max_iterations);
+    let tries = step.retry.as_ref().map_or(1, |r| r.attempts);
+    let mut usage = Usage::default();
+    let mut events = Vec::new();
+    let mut prior: Option<(f64, Value)> = None;
+    let mut last: Option<StepOutput> = None;
+    let mut attempt = first_attempt;
+    let mut iterations_run = 0;
+    for iteration in 1..=max_iterations {
+        iterations_run = iteration;
+        if iteration > 1 {
+            rec.iteration = iteration;
+            rec.idempotency_key = records::idempotency_key(rs.id(), path, iteration);
+            rec.attempts = attempt;
+            rs.commit(vec![
+                Write::UpsertStep(rec.clone()),
+                rs.ev(
+                    "info",
+                    "loop_iteration",
+                    format!("{path}: iteration {iteration}/{max_iterations}"),
+                    json!({"step": path, "iteration": iteration, "max_iterations": max_iterations}),
+                ),
+            ])
+            .await?;
+        }
+        let loop_vars = step.loop_until.as_ref().map(|_| LoopVars {
+            iteration,
+            max_iterations,
+            prior_confidence: prior.as_ref().map(|p| p.0),
+            prior_output: prior.as_ref().map(|p| p.1.clone()),
+        });
+        let ctx = context::to_template_value(rs.context(path, loop_vars.as_ref(), None, None));
+        let key = records::idempotency_key(rs.id(), path, iteration);
+        let mut outcome = None;
+        for try_no in 1..=tries {
+            let result = call_once(CallSpec {
+                rs_engine: &rs.engine,
+                pipeline: &rs.pipeline,
+                run_id: &rs.run.id,
+                path,
+                key: &key,
+                attempt,
+                action: &step.action,
+                ctx: &ctx,
+            })
+            .await;
+            match result {
+                Ok(o) => {
+                    outcome = Some(o);
+                    break;
+                }
+                Err(CallFailure::Drained) => return Ok(UnitOutcome::Drained),
+                Err(CallFailure::Error(msg)) => {
+                    if try_no == tries {
+                        let mut out = StepOutput::failed(&msg);
+                        out.extra.insert("failed".into(), Value::Bool(true));
+                        let now = rs.now();
+                        records::finish(&mut rec, "failed", &out, &usage, Some(msg.clone()), now);
+                        events.push(rs.ev(
+                            "error",
+                            "step_failed",
+                            format!("Step {path} failed: {msg}"),
+                            json!({"step": path, "error": msg, "attempt": attempt}),
+                        ));
+                        return Ok(UnitOutcome::Done(Box::new(UnitResult {
+                            status: UnitStatus::Failed,
+                            output: out,
+                            usage,
+                            record: rec,
+                            events,
+                            error: Some(msg),
+                            register: Vec::new(),
+                        })));
+                    }
+                    let delay = step
+                        .retry
+                        .as_ref()
+                        .map(|r| flow::retry_delay(r, try_no))
+                        .unwrap_or_default();
+                    attempt += 1;
+                    rec.attempts = attempt;
+                    rs.commit(vec![
+                        Write::UpsertStep(rec.clone()),
+                        rs.ev("warn", "step_retrying", format!("{path} failed ({msg}); retrying in {:.1}s", delay.as_secs_f64()),
+                            json!({"step": path, "error": msg, "attempt": attempt, "delay_seconds": delay.as_secs_f64()})),
+                    ])
+                    .await?;
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+        let Some(o) = outcome else { break };
+        usage.add(&o.usage);
+        let conf = o.output.confidence;
+        let target = step.loop_until.as_ref().map(|l| l.confidence);
+        last = Some(o.output);
+        match target {
+            Some(t) if conf < t && iteration < max_iterations => {
+                prior = last.as_ref().map(|out| (conf, out.to_json()));
+            }
+            _ => break,
+        }
+    }
+    let Some(output) = last else {
+        return Err(Error::CorruptRun {
+            run_id: rs.id().to_string(),
+            detail: format!("step {path} produced no output"),
+        });
+    };
+    if let Some(l) = &step.loop_until {
+        if l.max_iterations > 1 {
+            let (name, msg) = if output.confidence >= l.confidence {
+                (
+                    "loop_converged",
+                    format!("{path} converged after {iterations_run} iteration(s)"),
+                )
+            } else {
+                (
+                    "loop_exhausted",
+                    format!(
+                        "{path} did not reach {} in {iterations_run} iteration(s)",
+                        l.confidence
+                    ),
+                )
+            };
+            events.push(rs.ev("info", name, msg, json!({"step": path, "iterations": iterations_run, "confidence": output.confidence})));
+        }
+    }
+    let status = flow::gate(output.confidence, output.proceed, &step.gate);
+    let now = rs.now();
+    records::finish(&mut rec, status.as_str(), &output, &usage, None, now);
+    let level = if status == UnitStatus::Completed {
+        "info"
+    } else {
+        "warn"
+    };
+    events.push(rs.ev(
+        level,
+        status.step_event(),
+        format!("Step {status}: {path} (confidence {:.2})", output.confidence, status = status.as_str()),
+        json!({"step": path, "confidence": output.confidence, "threshold": step.gate.confidence_threshold,
+            "tokens": usage.tokens(), "cost_usd": usage.cost_usd}),
+    ));
+    Ok(UnitOutcome::Done(Box::new(UnitResult {
+        status,
+        output,
+        usage,
+        record: rec,
+        events,
+        error: None,
+        register: Vec::new(),
+    })))
+}
+
+/// `on_interrupted: escalate` for a plain step that was in flight: it is not
+/// executed again; it is marked escalated and the run takes the escalation path.
+pub(super) fn escalate_in_flight(rs: &RunState, i: usize, entry: &Entry) -> UnitResult {
+    let path = entry.name();
+    let now = rs.now();
+    let action = match entry {
+        Entry::Step(s) => Some(&s.action),
+        _ => None,
+    };
+    let mut rec = records::running(NewRecord {
+        run_id: rs.id(),
+        path,
+        index: records::step_index(i, None),
+        kind: super::drive::kind_of(entry),
+        action,
+        started_at: now,
+        attempt: 1,
+        iteration: 1,
+    });
+    let summary = format!(
+        "Step '{path}' escalated on resume (durable.on_interrupted=escalate): it was in flight when the process stopped and was not executed again"
+    );
+    let output = StepOutput::new(0.0, summary.clone());
+    records::finish(&mut rec, "escalated", &output, &Usage::default(), None, now);
+    let events = vec![
+        rs.ev(
+            "warn",
+            "resume_step_escalated",
+            summary.clone(),
+            json!({"step": path}),
+        ),
+        rs.ev(
+            "warn",
+            "step_escalated",
+            format!("Step escalated: {path}"),
+            json!({"step": path, "confidence": 0.0}),
+        ),
+    ];
+    UnitResult {
+        status: UnitStatus::Escalated,
+        output,
+        usage: Usage::default(),
+        record: rec,
+        events,
+        error: None,
+        register: Vec::new(),
+    }
+}

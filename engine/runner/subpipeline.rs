@@ -1,0 +1,121 @@
+//! `executor: pipeline`: a child run, awaited. The child's final status decides
+//! the step (not an earlier child step's confidence). After a restart the parent
+//! finds the child it already started, by (parent run, step path), and waits for
+//! it instead of starting a second one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::step::CallFailure;
+use super::{Created, Engine, ParentLink, RunEnd};
+use crate::executor::{Call, Outcome};
+use crate::run::context::Normalised;
+use crate::run::{StepOutput, Usage};
+
+fn fail(msg: impl Into<String>) -> CallFailure {
+    CallFailure::Error(msg.into())
+}
+
+pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome, CallFailure> {
+    let name = call
+        .action
+        .config
+        .get("pipeline")
+        .and_then(Value::as_str)
+        .ok_or_else(|| fail("executor_config.pipeline is missing"))?;
+    let child = engine
+        .pipeline(name)
+        .ok_or_else(|| fail(format!("Sub-pipeline '{name}' is not loaded")))?;
+    let existing = engine
+        .store
+        .child_run(call.run_id, call.step_path)
+        .map_err(|e| fail(e.to_string()))?;
+    let child_id = match existing {
+        Some(r) if r.status == "running" => {
+            // Started before a restart: the sweep resumes (or interrupts) it on its own.
+            wait_for(engine, &r.id).await?
+        }
+        Some(r) => r.id,
+        None => {
+            let parent = engine
+                .store
+                .run(call.run_id)
+                .map_err(|e| fail(e.to_string()))?
+                .ok_or_else(|| fail("parent run vanished"))?;
+            let mut trigger: Normalised =
+                serde_json::from_str(&parent.context_json).unwrap_or_default();
+            trigger.pipeline = Some(name.to_string());
+            trigger.source = "sub-pipeline".into();
+            trigger.fingerprint = None;
+            let link = ParentLink {
+                run_id: call.run_id.to_string(),
+                step_path: call.step_path.to_string(),
+            };
+            let created = engine
+                .create_run(&child, &trigger, &serde_json::json!({}), Some(link))
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            let id = match created {
+                Created::Inserted(id) | Created::Duplicate(id) => id,
+            };
+            let end = Box::pin(engine.drive(&id, false))
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+            if end == RunEnd::Drained {
+                return Err(CallFailure::Drained);
+            }
+            id
+        }
+    };
+    let run = engine
+        .store
+        .run(&child_id)
+        .map_err(|e| fail(e.to_string()))?
+        .ok_or_else(|| fail("child run vanished"))?;
+    let usage = Usage {
+        input_tokens: 0,
+        output_tokens: 0,
+        cost_usd: None,
+    };
+    match run.status.as_str() {
+        "completed" | "stopped" => {
+            let mut output = run
+                .final_output_json
+                .as_deref()
+                .and_then(|s| serde_json::from_str::<Value>(s).ok())
+                .and_then(|v| StepOutput::from_json(&v).ok())
+                .unwrap_or_else(|| {
+                    StepOutput::new(1.0, format!("Sub-pipeline '{name}' {}", run.status))
+                });
+            output
+                .extra
+                .insert("sub_run_id".into(), Value::from(child_id.clone()));
+            output.extra.insert(
+                "sub_pipeline_status".into(),
+                Value::from(run.status.clone()),
+            );
+            Ok(Outcome { output, usage })
+        }
+        status => Err(fail(format!(
+            "Sub-pipeline '{name}' (run {child_id}) ended {status}: {}",
+            run.reason.unwrap_or_default()
+        ))),
+    }
+}
+
+/// Polls a child run driven elsewhere until it leaves `running`.
+async fn wait_for(engine: &Arc<Engine>, id: &str) -> Result<String, CallFailure> {
+    loop {
+        if engine.is_shutting_down() {
+            return Err(CallFailure::Drained);
+        }
+        match engine.store.run(id) {
+            Ok(Some(r)) if r.status != "running" => return Ok(r.id),
+            Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok(None) => return Err(fail(format!("child run {id} vanished"))),
+            Err(e) => return Err(fail(e.to_string())),
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Every metric name lives here (SPEC 8), so dashboards and code agree. Counters
+//! are updated live by the runner and the HTTP layer; with no exporter installed
+//! (CLI commands) they cost nothing.
+
+use metrics::{counter, gauge, histogram};
+
+pub const RUNS_STARTED: &str = "vectorstep_runs_started_total";
+pub const RUNS_FINISHED: &str = "vectorstep_runs_finished_total";
+pub const RUNS_IN_PROGRESS: &str = "vectorstep_runs_in_progress";
+pub const RUNS_RESUMED: &str = "vectorstep_runs_resumed_total";
+pub const RUNS_INTERRUPTED: &str = "vectorstep_runs_interrupted_total";
+pub const STEPS: &str = "vectorstep_steps_total";
+pub const STEP_DURATION: &str = "vectorstep_step_duration_seconds";
+pub const TOKENS: &str = "vectorstep_tokens_total";
+pub const COST: &str = "vectorstep_cost_usd_total";
+pub const APPROVALS_PENDING: &str = "vectorstep_human_approvals_pending";
+pub const APPROVAL_DECISIONS: &str = "vectorstep_human_approval_decisions_total";
+pub const WEBHOOKS: &str = "vectorstep_webhooks_total";
+pub const NOTIFICATIONS: &str = "vectorstep_notifications_total";
+
+pub fn run_started(pipeline: &str) {
+    counter!(RUNS_STARTED, "pipeline" => pipeline.to_string()).increment(1);
+}
+
+pub fn run_finished(pipeline: &str, status: &str) {
+    counter!(RUNS_FINISHED, "pipeline" => pipeline.to_string(), "status" => status.to_string())
+        .increment(1);
+}
+
+pub fn runs_in_progress(n: usize) {
+    gauge!(RUNS_IN_PROGRESS).set(n as f64);
+}
+
+pub fn run_resumed(pipeline: &str) {
+    counter!(RUNS_RESUMED, "pipeline" => pipeline.to_string()).increment(1);
+}
+
+pub fn run_interrupted(pipeline: &str, reason: &str) {
+    counter!(RUNS_INTERRUPTED, "pipeline" => pipeline.to_string(), "reason" => reason.to_string())
+        .increment(1);
+}
+
+pub fn step_finished(pipeline: &str, step: &str, executor: &str, status: &str, seconds: f64) {
+    counter!(STEPS, "pipeline" => pipeline.to_string(), "step" => step.to_string(),
+        "executor" => executor.to_string(), "status" => status.to_string())
+    .increment(1);
+    histogram!(STEP_DURATION, "pipeline" => pipeline.to_string(), "step" => step.to_string(),
+        "executor" => executor.to_string())
+    .record(seconds);
+}
+
+pub fn usage(pipeline: &str, input_tokens: u64, output_tokens: u64, cost_usd: f64) {
+    if input_tokens > 0 {
+        counter!(TOKENS, "pipeline" => pipeline.to_string(), "direction" => "input")
+            .increment(input_tokens);
+    }
+    if output_tokens > 0 {
+        counter!(TOKENS, "pipeline" => pipeline.to_string(), "direction" => "output")
+            .increment(output_tokens);
+    }
+    if cost_usd > 0.0 {
+        // Counters are integers; cost is kept in micro-dollars and exposed as a gauge-like total.
+        gauge!(COST, "pipeline" => pipeline.to_string()).increment(cost_usd);
+    }
+}
+
+pub fn notification(channel: &str, result: &str) {
+    counter!(NOTIFICATIONS, "channel" => channel.to_string(), "result" => result.to_string())
+        .increment(1);
+}
+
+pub fn webhook(source: &str, status: &str) {
+    counter!(WEBHOOKS, "source" => source.to_string(), "status" => status.to_string()).increment(1);
+}
+
+pub fn approval_decided(pipeline: &str, decision: &str) {
+    counter!(APPROVAL_DECISIONS, "pipeline" => pipeline.to_string(), "decision" => decision.to_string()).increment(1);
+}
