@@ -76,3 +76,7 @@ pub fn webhook(source: &str, status: &str) {
 pub fn approval_decided(pipeline: &str, decision: &str) {
     counter!(APPROVAL_DECISIONS, "pipeline" => pipeline.to_string(), "decision" => decision.to_string()).increment(1);
 }
+
+pub fn approvals_pending(n: usize) {
+    gauge!(APPROVALS_PENDING).set(n as f64);
+}

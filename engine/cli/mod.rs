@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod run;
+mod serve;
 mod validate;
 
 #[derive(Parser, Debug)]
@@ -29,6 +30,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Run the service: HTTP API, startup sweep and resume, graceful drain on SIGTERM.
+    Serve,
     /// Load and validate pipelines (default: the configured pipeline folder) and the step library.
     Validate {
         /// Pipeline files or folders.
@@ -137,6 +140,7 @@ pub fn main() -> i32 {
         }
     };
     let result = match &cli.command {
+        Command::Serve => serve::serve(&cli),
         Command::Validate { paths } => validate::validate(&cli, paths),
         Command::Fingerprint { pipeline } => validate::fingerprint(&cli, pipeline),
         Command::Run {

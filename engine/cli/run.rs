@@ -67,9 +67,9 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
     rt.block_on(async move {
         let pipeline = set.get(&name).cloned().ok_or_else(|| anyhow::anyhow!("pipeline `{name}` vanished"))?;
         let engine = Engine::new(config.clone(), set, store.clone(), Executors::standard(&config), Arc::new(SystemClock));
-        let run_id = match engine.create_run(&pipeline, &trigger, &payload, None).await? {
+        let run_id = match engine.create_run(&pipeline, &trigger, &payload, None, None).await? {
             Created::Inserted(id) => id,
-            Created::Duplicate(existing) => {
+            Created::Duplicate { run_id: existing, .. } => {
                 eprintln!("deduplicated: run {existing} of `{name}` with the same idempotency key is still running");
                 return Ok(2);
             }

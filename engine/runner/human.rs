@@ -108,6 +108,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                 ])
                 .await
                 .map_err(|e| fail(e.to_string()))?;
+            engine.refresh_approvals_gauge();
             tracing::warn!(target: "vectorstep::approval", run_id = %call.run_id, step = %call.step_path, url = %url, "Approval requested: {}", a.message);
             a
         }
@@ -205,6 +206,7 @@ async fn wait(
                 Some(crate::store::Outcome::ApprovalDecided)
             ) {
                 crate::telemetry::approval_decided(call.pipeline, "timeout");
+                engine.refresh_approvals_gauge();
                 if testing {
                     return Ok(decided(true, "deadline (testing stage)", &a.token));
                 }

@@ -59,8 +59,12 @@ pub enum RunEnd {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Created {
     Inserted(String),
-    /// A `running` run with the same pipeline and dedup fingerprint exists.
-    Duplicate(String),
+    /// A run with the same pipeline and dedup fingerprint is running, or was
+    /// triggered inside the dedup window.
+    Duplicate {
+        run_id: String,
+        reason: String,
+    },
 }
 
 /// Where a child run hangs off its parent.
@@ -133,6 +137,7 @@ impl Engine {
         trigger: &Normalised,
         payload: &Value,
         parent: Option<ParentLink>,
+        dedup_window_seconds: Option<u64>,
     ) -> Result<Created, Error> {
         let id = uuid::Uuid::new_v4().to_string();
         let now = self.now_ms();
@@ -175,15 +180,31 @@ impl Engine {
             serde_json::json!({"pipeline": pipeline.name, "source": trigger.source,
                 "config_fingerprint": pipeline.fingerprint, "parent_run_id": record.parent_run_id}),
         );
-        let outcomes = self
-            .store
-            .commit(vec![Write::InsertRun(record), started])
-            .await?;
-        match outcomes.first() {
-            Some(Outcome::DuplicateRunning { existing_run_id }) => {
-                Ok(Created::Duplicate(existing_run_id.clone()))
-            }
+        let insert = match dedup_window_seconds {
+            Some(w) => Write::InsertRunDedup {
+                run: record,
+                window_start: now - (w as i64) * 1000,
+            },
+            None => Write::InsertRun(record),
+        };
+        let outcomes = self.store.commit(vec![insert]).await?;
+        match outcomes.into_iter().next() {
+            Some(Outcome::DuplicateRunning { existing_run_id }) => Ok(Created::Duplicate {
+                reason: format!("Duplicate of run {existing_run_id} (status=running)"),
+                run_id: existing_run_id,
+            }),
+            Some(Outcome::DuplicateRecent {
+                existing_run_id,
+                status,
+            }) => Ok(Created::Duplicate {
+                reason: format!(
+                    "Duplicate of run {existing_run_id} (status={status}) inside the dedup window"
+                ),
+                run_id: existing_run_id,
+            }),
             _ => {
+                // Logged only once the run exists, so a deduplicated request leaves nothing.
+                self.store.commit(vec![started]).await?;
                 crate::telemetry::run_started(&pipeline.name);
                 tracing::info!(run_id = %id, pipeline = %pipeline.name, source = %trigger.source, "Run started.");
                 Ok(Created::Inserted(id))
@@ -321,8 +342,18 @@ impl Engine {
             // Logged only for the decision that won, after it is durable.
             self.store.commit(vec![ev]).await?;
             crate::telemetry::approval_decided(&a.pipeline_name, status);
+            self.refresh_approvals_gauge();
             self.approval_signal(token).notify_waiters();
         }
         Ok(outcome)
+    }
+
+    /// Sets `vectorstep_human_approvals_pending` from the store (production only).
+    pub fn refresh_approvals_gauge(&self) {
+        if let Ok(list) = self.store.approvals_with_status("pending") {
+            crate::telemetry::approvals_pending(
+                list.iter().filter(|a| a.stage != "testing").count(),
+            );
+        }
     }
 }

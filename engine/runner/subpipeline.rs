@@ -54,11 +54,11 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                 step_path: call.step_path.to_string(),
             };
             let created = engine
-                .create_run(&child, &trigger, &serde_json::json!({}), Some(link))
+                .create_run(&child, &trigger, &serde_json::json!({}), Some(link), None)
                 .await
                 .map_err(|e| fail(e.to_string()))?;
             let id = match created {
-                Created::Inserted(id) | Created::Duplicate(id) => id,
+                Created::Inserted(id) | Created::Duplicate { run_id: id, .. } => id,
             };
             let end = Box::pin(engine.drive(&id, false))
                 .await

@@ -11,7 +11,13 @@ use super::connection::now_ms;
 use super::Error;
 
 /// Ordered `(name, sql)` pairs.
-pub(super) const MIGRATIONS: &[(&str, &str)] = &[("0001_initial", INITIAL)];
+pub(super) const MIGRATIONS: &[(&str, &str)] = &[
+    ("0001_initial", INITIAL),
+    ("0002_dedup_lookup", DEDUP_LOOKUP),
+];
+
+/// Dedup looks up recent runs by pipeline and fingerprint regardless of status.
+const DEDUP_LOOKUP: &str = "CREATE INDEX ix_pipeline_runs_dedup ON pipeline_runs (pipeline_name, dedup_fingerprint, triggered_at);";
 
 /// Status columns carry CHECK constraints with the values of SPEC section 5 so that a
 /// typo in a caller fails its write loudly instead of producing a run that the resume

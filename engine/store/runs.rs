@@ -80,6 +80,38 @@ impl RunRecord {
 /// unique-index violation: a failed statement would force the caller's whole batch to
 /// roll back, while a duplicate is an expected answer, not an error. The writer is the
 /// only writer and holds an IMMEDIATE transaction, so nothing can slip in between.
+pub(super) fn insert_dedup(
+    conn: &Connection,
+    run: &RunRecord,
+    window_start: i64,
+) -> rusqlite::Result<Outcome> {
+    if let Some(fingerprint) = &run.dedup_fingerprint {
+        let recent: Option<(String, String)> = conn
+            .prepare_cached(
+                "SELECT id, status FROM pipeline_runs WHERE pipeline_name = ?1 \
+                 AND dedup_fingerprint = ?2 AND (status = 'running' OR triggered_at >= ?3) \
+                 ORDER BY (status = 'running') DESC, triggered_at DESC LIMIT 1",
+            )?
+            .query_row(params![run.pipeline_name, fingerprint, window_start], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()?;
+        match recent {
+            Some((existing_run_id, status)) if status == "running" => {
+                return Ok(Outcome::DuplicateRunning { existing_run_id })
+            }
+            Some((existing_run_id, status)) => {
+                return Ok(Outcome::DuplicateRecent {
+                    existing_run_id,
+                    status,
+                })
+            }
+            None => {}
+        }
+    }
+    insert(conn, run)
+}
+
 pub(super) fn insert(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Outcome> {
     if let (true, Some(fingerprint)) = (run.status == "running", &run.dedup_fingerprint) {
         let existing: Option<String> = conn

@@ -26,6 +26,14 @@ pub enum Write {
     /// Inserts a run, unless it is `running` with a `dedup_fingerprint` and another
     /// running run of the same pipeline has that fingerprint.
     InsertRun(RunRecord),
+    /// Like `InsertRun`, but a run of the same pipeline and dedup fingerprint
+    /// triggered at or after `window_start` (any status) also suppresses it. The
+    /// check and the insert happen in the writer, so a burst of identical alerts
+    /// yields exactly one run.
+    InsertRunDedup {
+        run: RunRecord,
+        window_start: i64,
+    },
     /// Inserts or completely replaces the step at `(run_id, step_path)`.
     UpsertStep(StepRecord),
     AppendEvent(EventRecord),
@@ -90,6 +98,11 @@ pub enum Outcome {
     DuplicateRunning {
         existing_run_id: String,
     },
+    /// `InsertRunDedup` found a run triggered inside the dedup window.
+    DuplicateRecent {
+        existing_run_id: String,
+        status: String,
+    },
     /// `FinishRun` found the run missing or already finished; nothing was changed.
     NotRunning,
     ApprovalDecided,
@@ -116,6 +129,7 @@ impl Write {
     pub fn name(&self) -> &'static str {
         match self {
             Write::InsertRun(_) => "InsertRun",
+            Write::InsertRunDedup { .. } => "InsertRunDedup",
             Write::UpsertStep(_) => "UpsertStep",
             Write::AppendEvent(_) => "AppendEvent",
             Write::FinishRun { .. } => "FinishRun",
@@ -134,6 +148,9 @@ impl Write {
     fn apply(&self, conn: &Connection) -> rusqlite::Result<Outcome> {
         match self {
             Write::InsertRun(run) => runs::insert(conn, run),
+            Write::InsertRunDedup { run, window_start } => {
+                runs::insert_dedup(conn, run, *window_start)
+            }
             Write::UpsertStep(step) => steps::upsert(conn, step),
             Write::AppendEvent(event) => events::append(conn, event),
             Write::FinishRun {

@@ -1,0 +1,100 @@
+//! `vectorstep serve`: open the store, bind HTTP, sweep and resume interrupted runs,
+//! serve until SIGTERM/SIGINT, then drain (SPEC 6.6) and exit 0.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::validate::load_pipelines;
+use super::{load_config, Cli};
+use vectorstep::clock::SystemClock;
+use vectorstep::executor::Executors;
+use vectorstep::http::{router, AppState};
+use vectorstep::runner::{outbox, sweep, Engine};
+use vectorstep::store::Store;
+
+pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
+    let config = Arc::new(load_config(&cli.config)?);
+    super::init_logging(&config, &config.logging.level);
+    let set = load_pipelines(&config, &[])?;
+    let store = Store::open(&config.database_path).with_context(|| {
+        format!(
+            "cannot open the store at {}",
+            config.database_path.display()
+        )
+    })?;
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot install the metrics recorder")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let engine = Engine::new(config.clone(), set, store, Executors::standard(&config), Arc::new(SystemClock));
+        let state = AppState::new(engine.clone(), Some(metrics));
+        let addr = format!("{}:{}", config.server.host, config.server.port);
+        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        tracing::info!(address = %local, pipelines = engine.pipelines().len(), "Listening.");
+        // Tests and supervisors read the bound port from this line.
+        println!("vectorstep listening on http://{local}");
+        let (stop_http, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let app = router(state.clone());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop_rx.await;
+                })
+                .await
+        });
+
+        // Start-up: deliver notifications an earlier process recorded but did not
+        // send, then sweep runs left `running` and resume the durable ones.
+        outbox::deliver_all_pending(&engine).await;
+        let resumable = sweep::sweep(&engine).await?;
+        engine.refresh_approvals_gauge();
+        for run in resumable {
+            engine.spawn(run.id, true);
+        }
+        state.ready.store(true, Ordering::SeqCst);
+        tracing::info!("Ready.");
+
+        wait_for_signal().await;
+        tracing::warn!(grace_seconds = config.durability.shutdown_grace_seconds, "Shutdown requested: draining in-flight steps.");
+        state.accepting.store(false, Ordering::SeqCst);
+        engine.begin_shutdown();
+        let idle = engine.wait_idle(Duration::from_secs(config.durability.shutdown_grace_seconds)).await;
+        if !idle {
+            tracing::warn!(still_running = engine.active_runs(), "Grace period over; steps still in flight will be re-run or escalated on the next start.");
+        }
+        let _ = stop_http.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+        tracing::info!("Stopped.");
+        Ok(0)
+    })
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

@@ -1,0 +1,213 @@
+//! `POST /webhook` and `POST /pipelines/{name}/run`: authenticate, normalise,
+//! resolve, gate testing pipelines, deduplicate, respect the concurrency cap,
+//! then start the run in the background. The response never waits for the run.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{ApiError, AppState};
+use crate::pipeline::Stage;
+use crate::run::context::Normalised;
+use crate::runner::Created;
+
+/// The team of the bearer token, `Ok(None)` when no tokens are configured.
+fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let teams = &state.engine.config.auth_teams;
+    if teams.is_empty() {
+        return Ok(None);
+    }
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    // Every token is compared in full so the time taken says nothing about which matched.
+    let mut found = None;
+    for t in teams {
+        if constant_time_eq(given.as_bytes(), t.token.as_bytes()) {
+            found = Some(t.name.clone());
+        }
+    }
+    found.map(Some).ok_or_else(|| {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized")
+            .detail(Value::from("missing or invalid bearer token"))
+    })
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u8;
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0xff);
+    }
+    diff == 0
+}
+
+fn reject(source: &str, err: ApiError) -> Response {
+    crate::telemetry::webhook(source, &err.status.as_u16().to_string());
+    err.into_response()
+}
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "malformed JSON").detail(Value::from(e.to_string()))
+    })
+}
+
+pub async fn webhook(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let source = query
+        .get("source")
+        .cloned()
+        .or_else(|| {
+            headers
+                .get("x-pipeline-source")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let label = if source.is_empty() {
+        "none".to_string()
+    } else {
+        source.clone()
+    };
+    match accept(&state, &query, &headers, &body, &source, None).await {
+        Ok(r) => r,
+        Err(e) => reject(&label, e),
+    }
+}
+
+pub async fn run_pipeline(
+    State(state): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match accept(&state, &query, &headers, &body, "generic", Some(name)).await {
+        Ok(r) => r,
+        Err(e) => reject("generic", e),
+    }
+}
+
+async fn accept(
+    state: &Arc<AppState>,
+    query: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: &Bytes,
+    source: &str,
+    forced_pipeline: Option<String>,
+) -> Result<Response, ApiError> {
+    let team = authenticate(state, headers)?;
+    if !state.accepting.load(Ordering::SeqCst) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down",
+        ));
+    }
+    let mut payload = if body.is_empty() && forced_pipeline.is_some() {
+        json!({})
+    } else {
+        parse_json(body)?
+    };
+    if source.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "Source must be provided via ?source= query param or X-Pipeline-Source header",
+        ));
+    }
+    if let (Some(name), Value::Object(m)) = (&forced_pipeline, &mut payload) {
+        m.insert("pipeline".into(), Value::from(name.clone()));
+    }
+    let engine = &state.engine;
+    let received_at = crate::clock::rfc3339(engine.now_ms());
+    let mut trigger: Normalised = crate::intake::normalise(
+        source,
+        query.get("strategy").map(String::as_str),
+        &payload,
+        &received_at,
+    )
+    .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+    trigger.team = team;
+    let pipelines = engine.pipelines();
+    let Some(pipeline) = crate::intake::resolve(&pipelines, &trigger).cloned() else {
+        crate::telemetry::webhook(source, "no_match");
+        let body = json!({"status": "no_match", "source": source, "severity": trigger.severity, "labels": trigger.labels,
+            "error": "no pipeline matched", "detail": format!("No pipeline matched for source='{source}' severity={:?}", trigger.severity)});
+        return Ok((StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response());
+    };
+    let allow_testing = forced_pipeline.is_some()
+        || query
+            .get("allow_testing")
+            .is_some_and(|v| v == "true" || v == "1");
+    if pipeline.stage == Stage::Testing && !allow_testing {
+        crate::telemetry::webhook(source, "skipped_testing");
+        return Ok((
+            StatusCode::ACCEPTED,
+            Json(
+                json!({"status": "skipped_testing", "pipeline": pipeline.name,
+            "reason": "pipeline is in stage testing; pass ?allow_testing=true to run it"}),
+            ),
+        )
+            .into_response());
+    }
+    let cfg = &engine.config;
+    let dedup_enabled = pipeline.trigger.dedup_enabled.unwrap_or(cfg.dedup.enabled);
+    let window = pipeline
+        .trigger
+        .dedup_window_seconds
+        .unwrap_or(cfg.dedup.window_seconds);
+    if engine.active_runs() >= cfg.max_runs {
+        crate::telemetry::webhook(source, "overloaded");
+        return Ok((
+            StatusCode::TOO_MANY_REQUESTS,
+            Json(
+                json!({"status": "overloaded", "error": "too many runs in progress",
+            "active_runs": engine.active_runs(), "max_runs": cfg.max_runs}),
+            ),
+        )
+            .into_response());
+    }
+    let created = engine
+        .create_run(
+            &pipeline,
+            &trigger,
+            &payload,
+            None,
+            dedup_enabled.then_some(window),
+        )
+        .await?;
+    let common = json!({"pipeline": pipeline.name, "source": source, "severity": trigger.severity, "summary": trigger.summary});
+    match created {
+        Created::Duplicate { run_id, reason } => {
+            crate::telemetry::webhook(source, "deduplicated");
+            let mut body = json!({"status": "deduplicated", "run_id": run_id, "reason": reason});
+            merge(&mut body, common);
+            Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+        }
+        Created::Inserted(run_id) => {
+            crate::telemetry::webhook(source, "accepted");
+            engine.spawn(run_id.clone(), false);
+            let mut body = json!({"status": "accepted", "run_id": run_id});
+            merge(&mut body, common);
+            Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+        }
+    }
+}
+
+fn merge(into: &mut Value, from: Value) {
+    if let (Value::Object(a), Value::Object(b)) = (into, from) {
+        a.extend(b);
+    }
+}

@@ -1,0 +1,135 @@
+//! The HTTP API (SPEC 2). The only module that imports axum. Handlers translate
+//! requests into engine calls; a rejected request stores nothing.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::runner::Engine;
+
+mod approvals;
+mod intake;
+mod runs;
+
+/// Shared by every handler.
+pub struct AppState {
+    pub engine: Arc<Engine>,
+    /// Set once the startup sweep has finished (`/readyz`).
+    pub ready: AtomicBool,
+    /// Cleared when shutdown begins: new runs are refused with 503.
+    pub accepting: AtomicBool,
+    /// Renders `/metrics`; `None` when no exporter is installed.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+}
+
+impl AppState {
+    pub fn new(
+        engine: Arc<Engine>,
+        metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    ) -> Arc<AppState> {
+        Arc::new(AppState {
+            engine,
+            ready: AtomicBool::new(false),
+            accepting: AtomicBool::new(true),
+            metrics,
+        })
+    }
+}
+
+/// An error answer: `{"error": ..., "detail": ...}` with a 4xx status.
+pub struct ApiError {
+    pub status: StatusCode,
+    pub error: String,
+    pub detail: Value,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, error: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            error: error.into(),
+            detail: Value::Null,
+        }
+    }
+
+    pub fn detail(mut self, detail: Value) -> Self {
+        self.detail = detail;
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": self.error, "detail": self.detail})),
+        )
+            .into_response()
+    }
+}
+
+impl From<crate::store::Error> for ApiError {
+    fn from(e: crate::store::Error) -> Self {
+        tracing::error!(error = %e, "Store error while serving a request.");
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
+            .detail(Value::from(e.to_string()))
+    }
+}
+
+impl From<crate::runner::Error> for ApiError {
+    fn from(e: crate::runner::Error) -> Self {
+        tracing::error!(error = %e, "Engine error while serving a request.");
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine unavailable")
+            .detail(Value::from(e.to_string()))
+    }
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let max_body = state.engine.config.server.max_body_bytes as usize;
+    Router::new()
+        .route("/webhook", post(intake::webhook))
+        .route("/pipelines/:name/run", post(intake::run_pipeline))
+        .route("/runs", get(runs::list))
+        .route("/runs/:id", get(runs::show))
+        .route("/runs/:id/cancel", post(runs::cancel))
+        .route("/approvals", get(approvals::list))
+        .route(
+            "/approvals/:token",
+            get(approvals::page).post(approvals::decide),
+        )
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
+        .route("/readyz", get(readyz))
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn readyz(axum::extract::State(state): axum::extract::State<Arc<AppState>>) -> Response {
+    if state.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting: the startup sweep has not finished",
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(axum::extract::State(state): axum::extract::State<Arc<AppState>>) -> Response {
+    match &state.metrics {
+        Some(h) => (
+            StatusCode::OK,
+            [("content-type", "text/plain; version=0.0.4")],
+            h.render(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics exporter not installed").into_response(),
+    }
+}

@@ -1,0 +1,82 @@
+//! `GET /runs`, `GET /runs/{id}`, `POST /runs/{id}/cancel`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{ApiError, AppState};
+use crate::store::RunFilter;
+use crate::view;
+
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let number = |key: &str, default: u32| -> Result<u32, ApiError> {
+        match q.get(key) {
+            None => Ok(default),
+            Some(v) => v.parse().map_err(|_| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("`{key}` must be a whole number"),
+                )
+            }),
+        }
+    };
+    let filter = RunFilter {
+        status: q.get("status").cloned().filter(|s| !s.is_empty()),
+        pipeline: q.get("pipeline").cloned().filter(|s| !s.is_empty()),
+        limit: number("limit", 50)?.clamp(1, 500),
+        offset: number("offset", 0)?,
+    };
+    let store = state.engine.store.clone();
+    let runs = tokio::task::spawn_blocking(move || store.runs(&filter))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))??;
+    Ok(Json(
+        json!({"runs": runs.iter().map(view::run_summary).collect::<Vec<_>>()}),
+    ))
+}
+
+pub async fn show(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let store = state.engine.store.clone();
+    let found = tokio::task::spawn_blocking(move || -> Result<_, crate::store::Error> {
+        let Some(run) = store.run(&id)? else {
+            return Ok(None);
+        };
+        let steps = store.steps(&id)?;
+        let events = store.events(&id)?;
+        Ok(Some(view::run_detail(&run, &steps, &events)))
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))??;
+    found
+        .map(Json)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "run not found"))
+}
+
+pub async fn cancel(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let Some(run) = state.engine.store.run(&id)? else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "run not found"));
+    };
+    if run.status != "running" {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("run is already {}", run.status),
+        ));
+    }
+    state.engine.cancel(&id);
+    Ok(Json(
+        json!({"status": "cancelling", "run_id": id, "detail": "the run stops at its next step boundary"}),
+    ))
+}
