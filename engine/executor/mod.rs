@@ -16,7 +16,12 @@ use crate::config::Config;
 use crate::pipeline::{Action, ExecutorKind};
 use crate::run::{StepOutput, Usage};
 
+pub mod agent;
+pub mod http;
 pub mod mock;
+pub mod notify;
+pub mod shell;
+pub mod webhook;
 
 /// Everything an executor needs for one attempt.
 #[derive(Debug, Clone)]
@@ -97,8 +102,22 @@ impl Executors {
     /// runner itself, not through this table.
     pub fn standard(config: &Arc<Config>) -> Self {
         let mut e = Executors::empty();
+        // One client for every HTTP executor, so connections to a peer are pooled.
+        let client = http::client();
         e.register(ExecutorKind::Mock, Arc::new(mock::Mock));
-        let _ = config;
+        e.register(ExecutorKind::Shell, Arc::new(shell::Shell));
+        e.register(
+            ExecutorKind::Webhook,
+            Arc::new(webhook::Webhook::new(client.clone())),
+        );
+        e.register(
+            ExecutorKind::Agent,
+            Arc::new(agent::Agent::new(client.clone(), config.clone())),
+        );
+        e.register(
+            ExecutorKind::Notify,
+            Arc::new(notify::Notify::new(client, config.clone())),
+        );
         e
     }
 

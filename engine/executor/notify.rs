@@ -1,0 +1,130 @@
+//! `notify`: sends the rendered `prompt_template` somewhere people will see it.
+//!
+//! `executor_config.channel`: `log` (default; a structured log line), `webhook`
+//! (`url`; POSTs `{"text", "run_id", "step"}`), `telegram` (the bot and chat of
+//! `notifications.telegram` in config.yaml).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::http;
+use super::{BoxFuture, Call, Error, Executor, Outcome};
+use crate::config::Config;
+use crate::run::{StepOutput, Usage};
+
+/// Used when the step sets no timeout: notifications are small, so a peer that
+/// takes longer is treated as down.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Telegram rejects longer messages, so they are cut rather than lost.
+const TELEGRAM_MAX_CHARS: usize = 4096;
+const TELEGRAM_API: &str = "https://api.telegram.org";
+
+pub struct Notify {
+    client: reqwest::Client,
+    config: Arc<Config>,
+}
+
+impl Notify {
+    pub fn new(client: reqwest::Client, config: Arc<Config>) -> Self {
+        Notify { client, config }
+    }
+}
+
+impl Executor for Notify {
+    fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Outcome, Error>> {
+        Box::pin(self.run(call))
+    }
+}
+
+impl Notify {
+    async fn run(&self, call: Call<'_>) -> Result<Outcome, Error> {
+        let cfg = &call.action.config;
+        let channel = cfg.get("channel").and_then(Value::as_str).unwrap_or("log");
+        match channel {
+            "log" => {
+                tracing::info!(
+                    target: "vectorstep::notify",
+                    run_id = %call.run_id,
+                    step = %call.step_path,
+                    message = %call.prompt,
+                    "Notification."
+                );
+            }
+            "webhook" => self.webhook(&call).await?,
+            "telegram" => self.telegram(&call).await?,
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown notify channel `{other}` (channels: log, webhook, telegram)"
+                )))
+            }
+        }
+        Ok(Outcome {
+            output: StepOutput::new(1.0, format!("Notification sent via {channel}")),
+            usage: Usage::default(),
+        })
+    }
+
+    async fn webhook(&self, call: &Call<'_>) -> Result<(), Error> {
+        let cfg = &call.action.config;
+        let url = match (
+            call.rendered.get("url"),
+            cfg.get("url").and_then(Value::as_str),
+        ) {
+            (Some(u), _) => u.clone(),
+            (None, Some(u)) => u.to_string(),
+            (None, None) => {
+                return Err(Error::Config(
+                    "the webhook channel needs `executor_config.url`".into(),
+                ))
+            }
+        };
+        let body = json!({"text": call.prompt, "run_id": call.run_id, "step": call.step_path});
+        self.post(call, &url, &body, "notify webhook").await
+    }
+
+    async fn telegram(&self, call: &Call<'_>) -> Result<(), Error> {
+        let Some(tg) = &self.config.telegram else {
+            return Err(Error::Config(
+                "the telegram channel needs `notifications.telegram` (bot_token, chat_id) in config.yaml"
+                    .into(),
+            ));
+        };
+        let api = tg.api_url.as_deref().unwrap_or(TELEGRAM_API);
+        let url = format!(
+            "{}/bot{}/sendMessage",
+            api.trim_end_matches('/'),
+            tg.bot_token
+        );
+        let text: String = call.prompt.chars().take(TELEGRAM_MAX_CHARS).collect();
+        let body = json!({"chat_id": tg.chat_id, "text": text});
+        self.post(call, &url, &body, "telegram sendMessage").await
+    }
+
+    /// POSTs `body`; only a 2xx answer counts as delivered.
+    async fn post(
+        &self,
+        call: &Call<'_>,
+        url: &str,
+        body: &Value,
+        what: &str,
+    ) -> Result<(), Error> {
+        let timeout = call.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let req = self
+            .client
+            .post(url)
+            .headers(http::call_headers(call))
+            .json(body)
+            .timeout(timeout);
+        let reply = http::send(req, what, url).await?;
+        if !reply.is_success() {
+            return Err(Error::Failed(format!(
+                "{what} returned HTTP {}: {}",
+                reply.status.as_u16(),
+                reply.excerpt()
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,151 @@
+//! `webhook`: one HTTP request whose body is the rendered `prompt_template`.
+//!
+//! `executor_config`: `url` (a template), `method` (default POST), `headers`
+//! (mapping; values `${VAR}`-expanded so secrets stay in the environment),
+//! `timeout_seconds`. A JSON answer shaped like a step output becomes the output;
+//! any other 2xx answer is a delivery receipt; non-2xx fails the step.
+
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
+use reqwest::Method;
+use serde_json::Value;
+
+use super::http::{self, Reply};
+use super::{BoxFuture, Call, Error, Executor, Outcome};
+use crate::config::expand_env;
+use crate::run::{StepOutput, Usage};
+
+/// Used when neither the step nor `executor_config` bounds the request, so a peer
+/// that never answers cannot hold a run forever.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Webhook {
+    client: reqwest::Client,
+}
+
+impl Webhook {
+    pub fn new(client: reqwest::Client) -> Self {
+        Webhook { client }
+    }
+}
+
+impl Executor for Webhook {
+    fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Outcome, Error>> {
+        Box::pin(self.run(call))
+    }
+}
+
+impl Webhook {
+    async fn run(&self, call: Call<'_>) -> Result<Outcome, Error> {
+        let cfg = &call.action.config;
+        let url = match (
+            call.rendered.get("url"),
+            cfg.get("url").and_then(Value::as_str),
+        ) {
+            (Some(u), _) => u.clone(),
+            (None, Some(u)) => u.to_string(),
+            (None, None) => {
+                return Err(Error::Config(
+                    "the webhook executor needs `executor_config.url`".into(),
+                ))
+            }
+        };
+        let method = method(cfg)?;
+        let own = http::seconds(cfg.get("timeout_seconds").and_then(Value::as_f64));
+        let timeout = http::shortest(own, call.timeout).unwrap_or(DEFAULT_TIMEOUT);
+        let headers = headers(&call)?;
+        let what = format!("webhook {method}");
+        let mut req = self
+            .client
+            .request(method, &url)
+            .headers(headers)
+            .timeout(timeout);
+        if !call.prompt.is_empty() {
+            req = req.body(call.prompt.clone());
+        }
+        let reply = http::send(req, &what, &url).await?;
+        interpret(&reply)
+    }
+}
+
+/// Maps the peer's answer to the step's outcome (SPEC 4).
+pub fn interpret(reply: &Reply) -> Result<Outcome, Error> {
+    let code = reply.status.as_u16();
+    if !reply.is_success() {
+        return Err(Error::Failed(format!(
+            "webhook returned HTTP {code}: {}",
+            reply.excerpt()
+        )));
+    }
+    let parsed = serde_json::from_str::<Value>(&reply.body).ok();
+    if let Some(v) = parsed.as_ref().filter(|v| StepOutput::looks_like_output(v)) {
+        let output = StepOutput::from_json(v).map_err(|e| {
+            Error::BadOutput(format!(
+                "webhook answered HTTP {code} with an invalid step output: {} (body: {})",
+                e.0,
+                reply.excerpt()
+            ))
+        })?;
+        return Ok(Outcome {
+            output,
+            usage: Usage::default(),
+        });
+    }
+    let mut output = StepOutput::new(1.0, format!("Webhook delivered: HTTP {code}"));
+    output.extra.insert("status_code".into(), Value::from(code));
+    output.extra.insert(
+        "body".into(),
+        parsed.unwrap_or_else(|| Value::String(reply.body.clone())),
+    );
+    Ok(Outcome {
+        output,
+        usage: Usage::default(),
+    })
+}
+
+fn method(cfg: &Value) -> Result<Method, Error> {
+    match cfg.get("method").and_then(Value::as_str) {
+        None => Ok(Method::POST),
+        Some(m) => Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes())
+            .map_err(|_| Error::Config(format!("`{m}` is not an HTTP method"))),
+    }
+}
+
+/// Content-Type by body, then the configured headers (which may override it), then
+/// the idempotency headers, which always win so a retry is recognisable.
+fn headers(call: &Call<'_>) -> Result<HeaderMap, Error> {
+    let mut h = HeaderMap::new();
+    let json = serde_json::from_str::<Value>(&call.prompt).is_ok();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static(if json {
+            "application/json"
+        } else {
+            "text/plain; charset=utf-8"
+        }),
+    );
+    if let Some(map) = call.action.config.get("headers").and_then(Value::as_object) {
+        for (name, value) in map {
+            let raw = match value {
+                Value::String(s) => s.clone(),
+                Value::Number(n) => n.to_string(),
+                Value::Bool(b) => b.to_string(),
+                _ => return Err(Error::Config(format!("header `{name}` must be a string"))),
+            };
+            let mut missing = Vec::new();
+            let text = expand_env(&raw, &|k| std::env::var(k).ok(), &mut missing);
+            for var in missing {
+                tracing::warn!(header = %name, variable = %var, "Environment variable for a webhook header is not set; it expands to an empty string.");
+            }
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| Error::Config(format!("`{name}` is not a valid header name")))?;
+            // The value is not quoted: it usually carries a token.
+            let value = HeaderValue::from_str(&text)
+                .map_err(|_| Error::Config(format!("header `{name}` has an invalid value")))?;
+            h.insert(name, value);
+        }
+    }
+    h.extend(http::call_headers(call));
+    Ok(h)
+}
