@@ -268,7 +268,10 @@ impl Engine {
 
     /// Stops starting new steps; steps in flight finish and are recorded.
     pub fn begin_shutdown(&self) {
-        let _ = self.shutdown.send(true);
+        // `send_replace`, not `send`: `send` refuses to store the value when no
+        // receiver exists (the usual case: only human waits subscribe), which left
+        // `is_shutting_down` false and let runs go on starting steps during a drain.
+        self.shutdown.send_replace(true);
     }
 
     pub fn is_shutting_down(&self) -> bool {
