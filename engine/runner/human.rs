@@ -154,6 +154,9 @@ async fn wait(
         if engine.is_shutting_down() {
             return Err(CallFailure::Drained);
         }
+        if engine.is_cancelled(call.run_id) {
+            return Err(fail("run cancelled while waiting for approval"));
+        }
         let current = engine
             .store
             .approval(&a.token)

@@ -86,6 +86,8 @@ pub struct Engine {
     active: AtomicUsize,
     idle: tokio::sync::Notify,
     approval_signals: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Notification ids being sent right now, so two deliverers never send one twice.
+    pub(crate) delivering: Mutex<HashSet<String>>,
 }
 
 impl Engine {
@@ -112,6 +114,7 @@ impl Engine {
             active: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
             approval_signals: Mutex::new(std::collections::HashMap::new()),
+            delivering: Mutex::new(HashSet::new()),
         })
     }
 
@@ -259,7 +262,7 @@ impl Engine {
         }
     }
 
-    fn is_cancelled(&self, run_id: &str) -> bool {
+    pub fn is_cancelled(&self, run_id: &str) -> bool {
         self.cancelled
             .lock()
             .map(|c| c.contains(run_id))

@@ -192,22 +192,47 @@ pub async fn deliver_all_pending(engine: &Arc<Engine>) {
 
 async fn deliver(engine: &Arc<Engine>, list: Vec<NotificationRecord>) {
     for n in list {
-        let d: Delivery = match serde_json::from_str(&n.message) {
-            Ok(d) => d,
-            Err(e) => {
-                mark(
-                    engine,
-                    &n,
-                    Err(format!("unreadable outbox row: {e}")),
-                    "notification",
-                )
-                .await;
-                continue;
-            }
-        };
-        let result = send(engine, &n.id, &d).await;
-        mark(engine, &n, result, &d.kind).await;
+        let claimed = engine
+            .delivering
+            .lock()
+            .map(|mut d| d.insert(n.id.clone()))
+            .unwrap_or(false);
+        if !claimed {
+            continue;
+        }
+        deliver_one(engine, &n).await;
+        if let Ok(mut d) = engine.delivering.lock() {
+            d.remove(&n.id);
+        }
     }
+}
+
+async fn deliver_one(engine: &Arc<Engine>, n: &NotificationRecord) {
+    // Another deliverer may have finished this one between our read and our claim.
+    if let Ok(Some(current)) = engine
+        .store
+        .notifications_of_run(&n.run_id)
+        .map(|l| l.into_iter().find(|x| x.id == n.id))
+    {
+        if current.status != "pending" {
+            return;
+        }
+    }
+    let d: Delivery = match serde_json::from_str(&n.message) {
+        Ok(d) => d,
+        Err(e) => {
+            mark(
+                engine,
+                n,
+                Err(format!("unreadable outbox row: {e}")),
+                "notification",
+            )
+            .await;
+            return;
+        }
+    };
+    let result = send(engine, &n.id, &d).await;
+    mark(engine, n, result, &d.kind).await;
 }
 
 async fn mark(
