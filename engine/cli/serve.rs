@@ -51,13 +51,20 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         });
 
         // Start-up: deliver notifications an earlier process recorded but did not
-        // send, then sweep runs left `running` and resume the durable ones.
-        outbox::deliver_all_pending(&engine).await;
+        // send, and sweep runs left `running` and resume the durable ones. Delivery
+        // runs on its own task: a notification peer that hangs (up to its 30 s
+        // timeout, per notification) must not hold back readiness or resumes. The
+        // outbox's claim set keeps it from racing a run's own delivery.
+        {
+            let engine = engine.clone();
+            tokio::spawn(async move { outbox::deliver_all_pending(&engine).await });
+        }
         let resumable = sweep::sweep(&engine).await?;
         engine.refresh_approvals_gauge();
         for run in resumable {
             engine.spawn(run.id, true);
         }
+        let scheduler = tokio::spawn(vectorstep::runner::schedule::run(engine.clone()));
         state.ready.store(true, Ordering::SeqCst);
         tracing::info!("Ready.");
 
@@ -69,6 +76,7 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         if !idle {
             tracing::warn!(still_running = engine.active_runs(), "Grace period over; steps still in flight will be re-run or escalated on the next start.");
         }
+        scheduler.abort();
         let _ = stop_http.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         tracing::info!("Stopped.");
