@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+mod approvals;
 mod run;
 mod serve;
 mod validate;
@@ -65,10 +66,39 @@ pub enum Command {
         #[arg(long, required = true)]
         dry_run: bool,
     },
+    /// List and decide pending approvals through the running server.
+    Approvals {
+        /// The server's base URL (default: from config.yaml `server`).
+        #[arg(long, global = true, env = "VECTORSTEP_URL")]
+        url: Option<String>,
+        #[command(subcommand)]
+        command: ApprovalsCommand,
+    },
     /// Print a pipeline's config fingerprint.
     Fingerprint {
         /// A pipeline name (from the configured folder) or a pipeline file.
         pipeline: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ApprovalsCommand {
+    /// Pending approvals.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a pending approval.
+    Approve {
+        token: String,
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Reject a pending approval.
+    Reject {
+        token: String,
+        #[arg(long)]
+        by: Option<String>,
     },
 }
 
@@ -172,6 +202,15 @@ pub fn main() -> i32 {
             command: RunsCommand::Show { run_id, json },
         } => run::show(&cli, run_id, *json),
         Command::Sweep { .. } => run::sweep_dry_run(&cli),
+        Command::Approvals { url, command } => match command {
+            ApprovalsCommand::List { json } => approvals::list(&cli, url.as_deref(), *json),
+            ApprovalsCommand::Approve { token, by } => {
+                approvals::decide(&cli, url.as_deref(), token, true, by.as_deref())
+            }
+            ApprovalsCommand::Reject { token, by } => {
+                approvals::decide(&cli, url.as_deref(), token, false, by.as_deref())
+            }
+        },
     };
     match result {
         Ok(code) => code,

@@ -198,6 +198,7 @@ async fn accept(
         }
         Created::Inserted(run_id) => {
             crate::telemetry::webhook(source, "accepted");
+            tracing::info!(run_id = %run_id, pipeline = %pipeline.name, source, "Webhook accepted.");
             engine.spawn(run_id.clone(), false);
             let mut body = json!({"status": "accepted", "run_id": run_id});
             merge(&mut body, common);

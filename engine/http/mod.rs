@@ -107,6 +107,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn(log_request))
         .with_state(state)
 }
 
@@ -132,4 +133,22 @@ async fn metrics(axum::extract::State(state): axum::extract::State<Arc<AppState>
             .into_response(),
         None => (StatusCode::NOT_FOUND, "metrics exporter not installed").into_response(),
     }
+}
+
+/// Logs every request with its method, path, status and latency; the path carries
+/// the run id for run routes.
+async fn log_request(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let started = std::time::Instant::now();
+    let span = tracing::info_span!("http", %method, %path);
+    let response = tracing::Instrument::instrument(next.run(req), span).await;
+    let status = response.status().as_u16();
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    if status >= 500 {
+        tracing::warn!(%method, %path, status, ms, "HTTP request failed.");
+    } else {
+        tracing::debug!(%method, %path, status, ms, "HTTP request.");
+    }
+    response
 }

@@ -29,6 +29,7 @@ mod group;
 mod human;
 pub mod outbox;
 pub mod records;
+pub mod schedule;
 mod step;
 mod subpipeline;
 pub mod sweep;
@@ -227,7 +228,13 @@ impl Engine {
         Box::pin(async move {
             self.active.fetch_add(1, Ordering::SeqCst);
             crate::telemetry::runs_in_progress(self.active.load(Ordering::SeqCst));
-            let result = drive::drive(self.clone(), run_id.to_string(), resume).await;
+            // Every log line of the run carries its id.
+            let span = tracing::info_span!("run", run_id = %run_id);
+            let result = tracing::Instrument::instrument(
+                drive::drive(self.clone(), run_id.to_string(), resume),
+                span,
+            )
+            .await;
             let left = self.active.fetch_sub(1, Ordering::SeqCst) - 1;
             crate::telemetry::runs_in_progress(left);
             if left == 0 {

@@ -1,0 +1,90 @@
+//! `vectorstep approvals list|approve|reject`: decide through the running server's
+//! HTTP API, so the waiting run wakes at once and the first decision wins.
+
+use serde_json::{json, Value};
+
+use super::{load_config, Cli};
+
+fn base_url(cli: &Cli, url: Option<&str>) -> anyhow::Result<String> {
+    if let Some(u) = url {
+        return Ok(u.trim_end_matches('/').to_string());
+    }
+    let config = load_config(&cli.config)?;
+    let host = if config.server.host == "0.0.0.0" {
+        "127.0.0.1".to_string()
+    } else {
+        config.server.host.clone()
+    };
+    Ok(format!("http://{host}:{}", config.server.port))
+}
+
+pub fn list(cli: &Cli, url: Option<&str>, as_json: bool) -> anyhow::Result<i32> {
+    let base = base_url(cli, url)?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let body: Value = rt.block_on(async {
+        let resp = reqwest::get(format!("{base}/approvals"))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach the server at {base}: {e}"))?;
+        anyhow::Ok(resp.json::<Value>().await?)
+    })?;
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&body)?);
+        return Ok(0);
+    }
+    let list = body
+        .get("approvals")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if list.is_empty() {
+        println!("no pending approvals");
+    }
+    for a in list {
+        let s = |k: &str| a.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        println!(
+            "{}  {}  {}  deadline {}",
+            s("token"),
+            s("pipeline"),
+            s("step"),
+            s("deadline_at")
+        );
+        println!("    {}", s("message").replace('\n', "\n    "));
+    }
+    Ok(0)
+}
+
+pub fn decide(
+    cli: &Cli,
+    url: Option<&str>,
+    token: &str,
+    approve: bool,
+    by: Option<&str>,
+) -> anyhow::Result<i32> {
+    let base = base_url(cli, url)?;
+    let by = by
+        .map(str::to_string)
+        .unwrap_or_else(|| std::env::var("USER").unwrap_or_else(|_| "cli".into()));
+    let rt = tokio::runtime::Runtime::new()?;
+    let (status, body) = rt.block_on(async {
+        let resp = reqwest::Client::new()
+            .post(format!("{base}/approvals/{token}"))
+            .json(&json!({"decision": if approve { "approve" } else { "reject" }, "by": by}))
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach the server at {base}: {e}"))?;
+        let status = resp.status().as_u16();
+        anyhow::Ok((status, resp.json::<Value>().await.unwrap_or(Value::Null)))
+    })?;
+    match status {
+        200 => {
+            println!("{} by {by}", if approve { "approved" } else { "rejected" });
+            Ok(0)
+        }
+        404 => anyhow::bail!("unknown approval token {token}"),
+        409 => anyhow::bail!(
+            "already decided: {}",
+            body.get("detail").and_then(Value::as_str).unwrap_or("?")
+        ),
+        other => anyhow::bail!("server answered HTTP {other}: {body}"),
+    }
+}
