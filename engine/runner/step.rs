@@ -303,6 +303,15 @@ pub(super) fn escalate_in_flight(rs: &RunState, i: usize, entry: &Entry) -> Unit
         attempt: 1,
         iteration: 1,
     });
+    // Keep the record's identity (first start, attempts) from before the crash.
+    if let Ok(Some(orig)) = rs
+        .engine
+        .store
+        .steps(rs.id())
+        .map(|s| s.into_iter().find(|r| r.step_path == path))
+    {
+        rec = orig;
+    }
     let summary = format!(
         "Step '{path}' escalated on resume (durable.on_interrupted=escalate): it was in flight when the process stopped and was not executed again"
     );
