@@ -1,0 +1,240 @@
+//! The `vectorstep` binary's one-shot commands: `run`, `runs list|show`,
+//! `sweep --dry-run`, exit codes, and untrusted input never reaching a shell.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use vectorstep::runner::records;
+use vectorstep::store::{RunRecord, Store, Write};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vectorstep"))
+}
+
+/// A scratch folder with a config, a pipelines folder and an empty step library.
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new(pipelines: &[(&str, &str)]) -> Scratch {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("pipelines")).unwrap();
+        std::fs::create_dir_all(dir.path().join("steps")).unwrap();
+        for (name, yaml) in pipelines {
+            std::fs::write(
+                dir.path().join("pipelines").join(format!("{name}.yaml")),
+                yaml,
+            )
+            .unwrap();
+        }
+        std::fs::write(
+            dir.path().join("config.yaml"),
+            "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {path: ./data/db.sqlite}\nlogging: {level: warn}\n",
+        )
+        .unwrap();
+        Scratch { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn config(&self) -> PathBuf {
+        self.path().join("config.yaml")
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        bin()
+            .arg("--config")
+            .arg(self.config())
+            .args(args)
+            .current_dir(self.path())
+            .output()
+            .unwrap()
+    }
+
+    fn store(&self) -> Store {
+        Store::open(&self.path().join("data/db.sqlite")).unwrap()
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+const OK_PIPELINE: &str = "name: ok\ntrigger: {}\nsteps:\n  - name: a\n    executor: mock\n  - name: b\n    executor: mock\n    executor_config: {output: {confidence: 0.9, summary: \"b done\"}}\n";
+const ESCALATING: &str = "name: low\ntrigger: {}\nsteps:\n  - name: a\n    executor: mock\n    executor_config: {output: {confidence: 0.2, summary: \"unsure\"}}\n  - name: never\n    executor: mock\n";
+
+#[test]
+fn run_prints_the_step_table_and_exits_by_status() {
+    let s = Scratch::new(&[("ok", OK_PIPELINE), ("low", ESCALATING)]);
+    let o = s.run(&["run", "ok"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let out = stdout(&o);
+    assert!(out.lines().next().unwrap().starts_with("STEP"), "{out}");
+    assert!(out.contains("a ") && out.contains("completed"), "{out}");
+    assert!(out.contains("finished: completed"), "{out}");
+
+    let o = s.run(&["run", "low"]);
+    assert_eq!(o.status.code(), Some(2));
+    let out = stdout(&o);
+    assert!(out.contains("finished: escalated"), "{out}");
+    assert!(
+        !out.contains("never"),
+        "a step after the escalation must not run: {out}"
+    );
+
+    let o = s.run(&["run", "nope"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no pipeline named `nope`"));
+}
+
+#[test]
+fn runs_list_and_show_read_the_store() {
+    let s = Scratch::new(&[("ok", OK_PIPELINE)]);
+    let o = s.run(&["run", "ok", "--json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let run: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let id = run["id"].as_str().unwrap().to_string();
+    assert_eq!(run["status"], "completed");
+    let steps = run["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[0]["idempotency_key"], format!("{id}:a:1"));
+    let events: Vec<&str> = run["logs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events.first(), Some(&"run_started"));
+    assert_eq!(events.last(), Some(&"run_finished"));
+    let started = events.iter().position(|e| *e == "step_started").unwrap();
+    let completed = events.iter().position(|e| *e == "step_completed").unwrap();
+    assert!(started < completed);
+
+    let list: Value = serde_json::from_slice(&s.run(&["runs", "list", "--json"]).stdout).unwrap();
+    assert_eq!(list["runs"][0]["id"], id.as_str());
+    let show = stdout(&s.run(&["runs", "show", &id]));
+    assert!(show.contains("run_finished"), "{show}");
+    assert!(show.contains("status completed"), "{show}");
+    assert_eq!(s.run(&["runs", "show", "missing"]).status.code(), Some(1));
+}
+
+#[test]
+fn an_alert_label_never_reaches_a_shell() {
+    let pipeline = "name: echo\ntrigger: {}\nsteps:\n  - name: say\n    executor: shell\n    executor_config:\n      command: [\"printf\", \"%s\", \"label={{ labels.evil }}\"]\n";
+    let s = Scratch::new(&[("echo", pipeline)]);
+    let evil = "$(touch PWNED); touch PWNED; `touch PWNED`";
+    let o = s.run(&["run", "echo", "--json", "--set", &format!("evil={evil}")]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        !s.path().join("PWNED").exists(),
+        "the label was executed by a shell"
+    );
+    let run: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        run["steps"][0]["output"]["summary"],
+        format!("label={evil}")
+    );
+}
+
+fn running_run(id: &str, pipeline: &str, fingerprint: &str) -> RunRecord {
+    RunRecord {
+        id: id.into(),
+        pipeline_name: pipeline.into(),
+        status: "running".into(),
+        source: "test".into(),
+        team: None,
+        stage: "production".into(),
+        triggered_at: chrono::Utc::now().timestamp_millis(),
+        completed_at: None,
+        resumed_at: None,
+        resume_count: 0,
+        config_fingerprint: fingerprint.into(),
+        parent_run_id: None,
+        parent_step_path: None,
+        dedup_fingerprint: None,
+        context_json: r#"{"source":"test"}"#.into(),
+        payload_json: "{}".into(),
+        tokens_used: 0,
+        cost_usd: 0.0,
+        terminal_step: None,
+        reason: None,
+        final_output_json: None,
+    }
+}
+
+#[test]
+fn sweep_dry_run_explains_and_changes_nothing() {
+    let durable = "name: dur\ntrigger: {}\ndurable: true\nsteps:\n  - {name: a, executor: mock}\n  - {name: b, executor: mock}\n  - {name: c, executor: mock}\n";
+    let plain = "name: plain\ntrigger: {}\nsteps:\n  - {name: a, executor: mock}\n";
+    let s = Scratch::new(&[("dur", durable), ("plain", plain)]);
+    let fp = |name: &str| stdout(&s.run(&["fingerprint", name])).trim().to_string();
+    let (fp_dur, fp_plain) = (fp("dur"), fp("plain"));
+    assert_eq!(fp_dur.len(), 64);
+    {
+        let store = s.store();
+        let mut writes = vec![
+            Write::InsertRun(running_run("r-dur", "dur", &fp_dur)),
+            Write::InsertRun(running_run("r-plain", "plain", &fp_plain)),
+            Write::InsertRun(running_run("r-changed", "dur", "0000")),
+        ];
+        for (i, (path, status)) in [("a", "completed"), ("b", "running")]
+            .into_iter()
+            .enumerate()
+        {
+            let mut rec = records::running(records::NewRecord {
+                run_id: "r-dur",
+                path,
+                index: records::step_index(i, None),
+                kind: "step",
+                action: None,
+                started_at: 0,
+                attempt: 1,
+                iteration: 1,
+            });
+            rec.status = status.into();
+            writes.push(Write::UpsertStep(rec));
+        }
+        store.commit_blocking(writes).unwrap();
+    }
+    let o = s.run(&["sweep", "--dry-run"]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = stdout(&o);
+    let line = |id: &str| {
+        out.lines()
+            .find(|l| l.starts_with(id))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(line("r-dur ").contains("resume: 1 step(s)"), "{out}");
+    assert!(line("r-dur ").contains("in flight: b"), "{out}");
+    assert!(
+        line("r-plain").contains("interrupt (run_interrupted)"),
+        "{out}"
+    );
+    assert!(
+        line("r-changed").contains("resume_skipped_config_changed"),
+        "{out}"
+    );
+    let store = s.store();
+    for id in ["r-dur", "r-plain", "r-changed"] {
+        assert_eq!(
+            store.run(id).unwrap().unwrap().status,
+            "running",
+            "dry run changed {id}"
+        );
+    }
+}
