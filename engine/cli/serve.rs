@@ -65,6 +65,7 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             engine.spawn(run.id, true);
         }
         let scheduler = tokio::spawn(vectorstep::runner::schedule::run(engine.clone()));
+        let retention = tokio::spawn(vectorstep::runner::retention::run(engine.clone()));
         state.ready.store(true, Ordering::SeqCst);
         tracing::info!("Ready.");
 
@@ -77,6 +78,7 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             tracing::warn!(still_running = engine.active_runs(), "Grace period over; steps still in flight will be re-run or escalated on the next start.");
         }
         scheduler.abort();
+        retention.abort();
         let _ = stop_http.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         tracing::info!("Stopped.");

@@ -29,6 +29,7 @@ mod group;
 mod human;
 pub mod outbox;
 pub mod records;
+pub mod retention;
 pub mod schedule;
 mod step;
 mod subpipeline;

@@ -297,3 +297,20 @@ impl Store {
         })
     }
 }
+
+pub(super) fn prune(conn: &Connection, cutoff: i64) -> rusqlite::Result<Outcome> {
+    let old = "SELECT id FROM pipeline_runs WHERE status != 'running' AND completed_at IS NOT NULL AND completed_at < ?1";
+    for table in [
+        "pipeline_steps",
+        "run_events",
+        "pending_approvals",
+        "notifications",
+    ] {
+        conn.prepare_cached(&format!("DELETE FROM {table} WHERE run_id IN ({old})"))?
+            .execute(params![cutoff])?;
+    }
+    let runs = conn
+        .prepare_cached("DELETE FROM pipeline_runs WHERE status != 'running' AND completed_at IS NOT NULL AND completed_at < ?1")?
+        .execute(params![cutoff])?;
+    Ok(Outcome::Pruned { runs: runs as u64 })
+}

@@ -82,6 +82,11 @@ pub enum Write {
         at: i64,
         error: Option<String>,
     },
+    /// Deletes runs that finished before `cutoff` (unix ms) with everything that
+    /// belongs to them. Running runs are never touched.
+    PruneFinishedBefore {
+        cutoff: i64,
+    },
     SetKv {
         key: String,
         value: String,
@@ -111,6 +116,10 @@ pub enum Outcome {
         status: String,
     },
     ApprovalUnknown,
+    /// `PruneFinishedBefore` deleted this many runs.
+    Pruned {
+        runs: u64,
+    },
 }
 
 /// Counters for benchmarks and diagnostics.
@@ -142,6 +151,7 @@ impl Write {
             Write::InsertNotification(_) => "InsertNotification",
             Write::MarkNotification { .. } => "MarkNotification",
             Write::SetKv { .. } => "SetKv",
+            Write::PruneFinishedBefore { .. } => "PruneFinishedBefore",
         }
     }
 
@@ -195,6 +205,7 @@ impl Write {
                 error,
             } => notifications::mark(conn, id, status, *at, error.as_deref()),
             Write::SetKv { key, value } => kv::set(conn, key, value),
+            Write::PruneFinishedBefore { cutoff } => runs::prune(conn, *cutoff),
         }
     }
 }

@@ -157,3 +157,37 @@ fn a_status_outside_the_spec_is_rejected() {
         .expect_err("CHECK");
     assert!(err.to_string().contains("CHECK"), "{err}");
 }
+
+#[test]
+fn pruning_deletes_only_old_finished_runs_and_what_belongs_to_them() {
+    let (_dir, store) = open_temp();
+    let mut old = run("old");
+    old.status = "completed".into();
+    old.completed_at = Some(1_000);
+    let mut recent = run("recent");
+    recent.status = "failed".into();
+    recent.completed_at = Some(50_000);
+    let mut live = run("live");
+    live.completed_at = None;
+    commit(
+        &store,
+        vec![
+            Write::InsertRun(old),
+            Write::InsertRun(recent),
+            Write::InsertRun(live),
+            Write::UpsertStep(step("old", "a", 0)),
+            Write::AppendEvent(event("old", "x")),
+            Write::InsertNotification(notification("n-old", "old")),
+            Write::UpsertStep(step("live", "a", 0)),
+        ],
+    );
+    let out = commit(&store, vec![Write::PruneFinishedBefore { cutoff: 10_000 }]);
+    assert_eq!(out, vec![Outcome::Pruned { runs: 1 }]);
+    assert!(store.run("old").unwrap().is_none());
+    assert!(store.steps("old").unwrap().is_empty());
+    assert!(store.events("old").unwrap().is_empty());
+    assert!(store.notifications_of_run("old").unwrap().is_empty());
+    assert!(store.run("recent").unwrap().is_some());
+    assert!(store.run("live").unwrap().is_some());
+    assert_eq!(store.steps("live").unwrap().len(), 1);
+}
