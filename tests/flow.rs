@@ -1766,3 +1766,94 @@ async fn records_are_started_before_they_finish_and_carry_keys() {
     assert_eq!(ran.events.last().unwrap().event, "run_finished");
     assert!(ran.run.completed_at.is_some());
 }
+
+// ------------------------------------------------- groups, sub-pipeline context and timeout
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// A group's joined output is reachable under its own name (vectorstep registers it;
+/// the original did not), next to its branches.
+async fn groups_register_their_joined_output_and_their_branches() {
+    let ran = check(
+        r#"
+        name: reg
+        trigger: {}
+        steps:
+          - parallel:
+              name: g
+              steps:
+                - {name: a, executor: mock, prompt_template: ""}
+          - fan_out:
+              name: fo
+              over: '["x"]'
+              executor: mock
+          - name: probe
+            executor: mock
+            executor_config:
+              output:
+                confidence: 1.0
+                summary: "{{ steps.g is defined }} {{ steps.fo is defined }} {{ steps.a is defined }} {{ steps['fo/0'] is defined }}"
+                next_step_context: ""
+        "#,
+        Expect {
+            status: "completed",
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(ran.summary("probe"), "True True True True");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_pipeline_context_overrides_reach_the_child() {
+    let ran = check_with(
+        &[
+            r#"
+            name: parent
+            trigger: {}
+            steps:
+              - name: call
+                executor: pipeline
+                executor_config:
+                  pipeline: child
+                  context:
+                    summary: "from {{ pipeline_name }}"
+                    labels: {service: "child-of-{{ labels.service }}"}
+            "#,
+            r#"
+            name: child
+            trigger: {}
+            context_template: {include: [summary]}
+            steps:
+              - name: echo
+                executor: mock
+                executor_config:
+                  output: {confidence: 0.9, summary: "{{ labels.service }} {{ labels.team }} {{ summary }}", next_step_context: ""}
+            "#,
+        ],
+        &[("service", "checkout"), ("team", "sre")],
+        Expect {
+            status: "completed",
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(ran.summary("call"), "child-of-checkout sre from parent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_pipeline_step_timeout_bounds_the_child() {
+    check_with(
+        &[
+            "name: parent\ntrigger: {}\nsteps:\n  - {name: call, executor: pipeline, timeout_seconds: 0.1, executor_config: {pipeline: child}}\n",
+            "name: child\ntrigger: {}\nsteps:\n  - {name: slow, executor: mock, executor_config: {delay_ms: 1500}}\n",
+        ],
+        &[],
+        Expect {
+            status: "failed",
+            steps: &[("call", "failed")],
+            reason: Some("timed out"),
+            ..Default::default()
+        },
+    )
+    .await;
+}

@@ -297,11 +297,31 @@ fn action(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Action> {
             }
         },
         ExecutorKind::Pipeline => match field("pipeline").map(|n| (n, n.as_str())) {
-            Some((n, Some(name))) => cx.subpipeline_refs.push((
-                name.to_string(),
-                n.span.clone(),
-                join(&cfg_path, "pipeline"),
-            )),
+            Some((n, Some(name))) => {
+                cx.subpipeline_refs.push((
+                    name.to_string(),
+                    n.span.clone(),
+                    join(&cfg_path, "pipeline"),
+                ));
+                if let Some(c) = field("context") {
+                    if c.as_map().is_some() {
+                        collect_string_templates(
+                            c,
+                            "context",
+                            &join(&cfg_path, "context"),
+                            cx,
+                            &mut config_templates,
+                            d,
+                        );
+                    } else {
+                        d.error(
+                            &c.span,
+                            &join(&cfg_path, "context"),
+                            format!("expected a mapping, found {}", c.type_name()),
+                        );
+                    }
+                }
+            }
             Some((n, None)) => {
                 d.error(
                     &n.span,

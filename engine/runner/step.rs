@@ -76,8 +76,8 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
         }
     };
     match timeout {
-        // Sub-pipelines and human waits bound themselves; wrapping them would
-        // abandon a child run or an approval half-way.
+        // Human waits and sub-pipelines bound themselves (a deadline; a child run
+        // that is cancelled on timeout); wrapping them would abandon them half-way.
         Some(t)
             if !matches!(
                 spec.action.executor,

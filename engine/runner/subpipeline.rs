@@ -1,7 +1,8 @@
 //! `executor: pipeline`: a child run, awaited. The child's final status decides
 //! the step (not an earlier child step's confidence). After a restart the parent
 //! finds the child it already started, by (parent run, step path), and waits for
-//! it instead of starting a second one.
+//! it instead of starting a second one. A step timeout cancels the child (it ends
+//! `cancelled` at its next step boundary) rather than abandoning it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,9 +34,9 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
         .child_run(call.run_id, call.step_path)
         .map_err(|e| fail(e.to_string()))?;
     let child_id = match existing {
+        // Started before a restart: the sweep resumes (or interrupts) it on its own.
         Some(r) if r.status == "running" => {
-            // Started before a restart: the sweep resumes (or interrupts) it on its own.
-            wait_for(engine, &r.id).await?
+            bounded(call, &r.id, engine, wait_for(engine, &r.id)).await?
         }
         Some(r) => r.id,
         None => {
@@ -46,6 +47,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                 .ok_or_else(|| fail("parent run vanished"))?;
             let mut trigger: Normalised =
                 serde_json::from_str(&parent.context_json).unwrap_or_default();
+            apply_context(&mut trigger, call);
             trigger.pipeline = Some(name.to_string());
             trigger.source = "sub-pipeline".into();
             trigger.fingerprint = None;
@@ -60,13 +62,16 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
             let id = match created {
                 Created::Inserted(id) | Created::Duplicate { run_id: id, .. } => id,
             };
-            let end = Box::pin(engine.drive(&id, false))
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            if end == RunEnd::Drained {
-                return Err(CallFailure::Drained);
-            }
-            id
+            let handle = engine.spawn(id.clone(), false);
+            let driven = async {
+                match handle.await {
+                    Ok(Ok(RunEnd::Finished(_))) => Ok(id.clone()),
+                    Ok(Ok(RunEnd::Drained)) => Err(CallFailure::Drained),
+                    Ok(Err(e)) => Err(fail(e.to_string())),
+                    Err(e) => Err(fail(format!("sub-pipeline task ended abnormally: {e}"))),
+                }
+            };
+            bounded(call, &id, engine, driven).await?
         }
     };
     let run = engine
@@ -74,11 +79,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
         .run(&child_id)
         .map_err(|e| fail(e.to_string()))?
         .ok_or_else(|| fail("child run vanished"))?;
-    let usage = Usage {
-        input_tokens: 0,
-        output_tokens: 0,
-        cost_usd: None,
-    };
+    let usage = Usage::default();
     match run.status.as_str() {
         "completed" | "stopped" => {
             let mut output = run
@@ -105,6 +106,28 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
     }
 }
 
+/// Waits for `fut` within the step's timeout; on timeout the child is cancelled.
+async fn bounded(
+    call: &Call<'_>,
+    child_id: &str,
+    engine: &Arc<Engine>,
+    fut: impl std::future::Future<Output = Result<String, CallFailure>>,
+) -> Result<String, CallFailure> {
+    let Some(t) = call.timeout else {
+        return fut.await;
+    };
+    match tokio::time::timeout(t, fut).await {
+        Ok(r) => r,
+        Err(_) => {
+            engine.cancel(child_id);
+            Err(fail(format!(
+                "Step timed out after {}s; sub-pipeline run {child_id} was cancelled",
+                t.as_secs_f64()
+            )))
+        }
+    }
+}
+
 /// Polls a child run driven elsewhere until it leaves `running`.
 async fn wait_for(engine: &Arc<Engine>, id: &str) -> Result<String, CallFailure> {
     loop {
@@ -116,6 +139,56 @@ async fn wait_for(engine: &Arc<Engine>, id: &str) -> Result<String, CallFailure>
             Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
             Ok(None) => return Err(fail(format!("child run {id} vanished"))),
             Err(e) => return Err(fail(e.to_string())),
+        }
+    }
+}
+
+/// Applies `executor_config.context` to the child's trigger: `labels` and `metadata`
+/// merge over the parent's, `summary`, `severity` and `team` replace, anything else
+/// lands in `metadata`. String values were rendered against the parent step's context.
+fn apply_context(trigger: &mut Normalised, call: &Call<'_>) {
+    let Some(ctx) = call.action.config.get("context").and_then(Value::as_object) else {
+        return;
+    };
+    let text = |pointer: String, raw: &Value| -> Value {
+        match call.rendered.get(&pointer) {
+            Some(s) => Value::from(s.clone()),
+            None => raw.clone(),
+        }
+    };
+    for (key, raw) in ctx {
+        match (key.as_str(), raw) {
+            ("labels", Value::Object(m)) => {
+                for (k, v) in m {
+                    let v = text(format!("context/labels/{k}"), v);
+                    let s = v
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string());
+                    trigger.labels.insert(k.clone(), s);
+                }
+            }
+            ("metadata", Value::Object(m)) => {
+                for (k, v) in m {
+                    trigger
+                        .metadata
+                        .insert(k.clone(), text(format!("context/metadata/{k}"), v));
+                }
+            }
+            ("summary" | "severity" | "team", v) => {
+                let v = text(format!("context/{key}"), v);
+                let s = v.as_str().map(str::to_string);
+                match key.as_str() {
+                    "summary" => trigger.summary = s,
+                    "severity" => trigger.severity = s,
+                    _ => trigger.team = s,
+                }
+            }
+            (_, v) => {
+                trigger
+                    .metadata
+                    .insert(key.clone(), text(format!("context/{key}"), v));
+            }
         }
     }
 }
