@@ -11,6 +11,7 @@ pub mod pipeline;
 pub mod run;
 pub mod runner;
 pub mod store;
+pub mod telegram;
 pub mod telemetry;
 pub mod view;
 pub mod yaml;

@@ -25,6 +25,12 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             config.database_path.display()
         )
     })?;
+    // Built before anything starts, so a bad `api_url` stops the start with a
+    // config error instead of failing every send later.
+    let telegram = match &config.telegram {
+        Some(t) => Some(vectorstep::telegram::Client::standalone(t)?),
+        None => None,
+    };
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("cannot install the metrics recorder")?;
@@ -65,6 +71,9 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             engine.spawn(run.id, true);
         }
         let scheduler = tokio::spawn(vectorstep::runner::schedule::run(engine.clone()));
+        // After the sweep, so a press for a run that was just interrupted is answered
+        // "already decided" instead of deciding it. Stops by itself when shutdown begins.
+        let poller = telegram.map(|client| tokio::spawn(vectorstep::telegram::poller::run(engine.clone(), client)));
         let retention = tokio::spawn(vectorstep::runner::retention::run(engine.clone()));
         state.ready.store(true, Ordering::SeqCst);
         tracing::info!("Ready.");
@@ -78,6 +87,9 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             tracing::warn!(still_running = engine.active_runs(), "Grace period over; steps still in flight will be re-run or escalated on the next start.");
         }
         scheduler.abort();
+        if let Some(p) = poller {
+            p.abort();
+        }
         retention.abort();
         let _ = stop_http.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;

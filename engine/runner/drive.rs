@@ -500,6 +500,10 @@ pub(super) async fn finish(
         });
     }
     rs.commit(writes).await?;
+    if status != "completed" {
+        // Chat messages of the approvals just closed say so (in the background).
+        crate::telegram::announce_closed(&rs.engine, rs.id());
+    }
     crate::telemetry::run_finished(&rs.pipeline.name, status);
     tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status, "Run finished.");
     outbox::deliver_run(&rs.engine, rs.id()).await;

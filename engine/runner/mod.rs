@@ -88,6 +88,9 @@ pub struct Engine {
     active: AtomicUsize,
     idle: tokio::sync::Notify,
     approval_signals: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// Approval tokens whose outcome a human step in this process has already used
+    /// (see `human`): a retry or the next loop iteration asks afresh instead.
+    approvals_used: Mutex<HashSet<String>>,
     /// Notification ids being sent right now, so two deliverers never send one twice.
     pub(crate) delivering: Mutex<HashSet<String>>,
 }
@@ -116,6 +119,7 @@ impl Engine {
             active: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
             approval_signals: Mutex::new(std::collections::HashMap::new()),
+            approvals_used: Mutex::new(HashSet::new()),
             delivering: Mutex::new(HashSet::new()),
         })
     }
@@ -268,6 +272,12 @@ impl Engine {
         if let Ok(mut c) = self.cancelled.lock() {
             c.insert(run_id.to_string());
         }
+        // A run parked on an approval stops now rather than at its next poll.
+        if let Ok(list) = self.store.approvals_of_run(run_id) {
+            for a in list.iter().filter(|a| a.status == "pending") {
+                self.approval_signal(&a.token).notify_waiters();
+            }
+        }
     }
 
     pub fn is_cancelled(&self, run_id: &str) -> bool {
@@ -358,6 +368,7 @@ impl Engine {
             crate::telemetry::approval_decided(&a.pipeline_name, status);
             self.refresh_approvals_gauge();
             self.approval_signal(token).notify_waiters();
+            crate::telegram::announce_decided(self, token);
         }
         Ok(outcome)
     }

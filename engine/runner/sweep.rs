@@ -87,6 +87,7 @@ pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
     let now = engine.now_ms();
     let mut resume = Vec::new();
     let mut writes = Vec::new();
+    let mut interrupted = Vec::new();
     for run in runs {
         match decide(&run, &pipelines, &engine.config, now) {
             Decision::Resume => resume.push(run),
@@ -121,11 +122,16 @@ pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
                     run_id: run.id.clone(),
                     at: now,
                 });
+                interrupted.push(run.id.clone());
             }
         }
     }
     if !writes.is_empty() {
         engine.store.commit(writes).await?;
+    }
+    for id in &interrupted {
+        // Chat messages of the approvals just closed say so (in the background).
+        crate::telegram::announce_closed(engine, id);
     }
     if !resume.is_empty() {
         tracing::warn!(

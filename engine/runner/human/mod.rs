@@ -4,7 +4,15 @@
 //! The `pending_approvals` row (token, message, absolute deadline) and the step's
 //! `waiting` status are committed before anything is sent. After a restart the
 //! same row is found by (run, step path) and re-armed: same token, the time left
-//! until the original deadline, nothing sent again.
+//! until the original deadline, nothing sent again. A row decided while no process
+//! was waiting on it (a button pressed during the restart, or a crash between the
+//! decision and the step's record) is found the same way and its decision used, so
+//! nobody is asked twice; the engine remembers which rows a step already used, so a
+//! retry or the next loop iteration does ask again.
+//!
+//! Production requests are then delivered to their channel (Telegram, a chat
+//! webhook) by a background task; see `delivery`. Testing requests are never sent
+//! anywhere: they are decided on the approvals page or auto-approved at the deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +26,8 @@ use super::Engine;
 use crate::executor::{Call, Outcome};
 use crate::run::{StepOutput, Usage};
 use crate::store::{ApprovalRecord, Write};
+
+mod delivery;
 
 /// An unguessable approval token: 128 random bits, hex.
 pub fn new_token() -> String {
@@ -37,24 +47,35 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
         .run(call.run_id)
         .map_err(|e| fail(e.to_string()))?
         .ok_or_else(|| fail("run vanished"))?;
+    // The newest row of this step is the one an interrupted wait was waiting on,
+    // unless this process already used its outcome.
     let existing = engine
         .store
         .approvals_of_run(call.run_id)
         .map_err(|e| fail(e.to_string()))?
         .into_iter()
-        .find(|a| a.step_path == call.step_path && a.status == "pending");
+        .rfind(|a| a.step_path == call.step_path)
+        .filter(|a| a.status != "closed" && !used(engine, &a.token));
     let approval = match existing {
         Some(a) => {
+            let msg = if a.status == "pending" {
+                format!(
+                    "Re-armed approval for {} after restart; the message was not sent again",
+                    call.step_path
+                )
+            } else {
+                format!(
+                    "Approval for {} was decided ({}) while no process was waiting; using that decision",
+                    call.step_path, a.status
+                )
+            };
             let ev = event(
                 call.run_id,
                 now,
                 "warn",
                 "approval_rearmed",
-                format!(
-                    "Re-armed approval for {} after restart; the message was not sent again",
-                    call.step_path
-                ),
-                json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at)}),
+                msg,
+                json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "status": a.status}),
             );
             engine
                 .store
@@ -62,10 +83,18 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                 .await
                 .map_err(|e| fail(e.to_string()))?;
             tracing::warn!(run_id = %call.run_id, step = %call.step_path, token = %a.token, "Re-armed human approval after restart; message not re-sent.");
+            if delivery::undelivered(&a) {
+                // The previous process chose a channel but never confirmed a send.
+                delivery::spawn(engine, a.clone());
+            }
             a
         }
         None => {
             let timeout_ms = (call.action.timeout_seconds.unwrap_or(300.0) * 1000.0) as i64;
+            let production = run.stage != "testing";
+            // The channel is chosen (and stored) with the request, so a restart
+            // before the send completes knows that a message is still owed.
+            let route = delivery::route(&engine.config, run.team.as_deref());
             let a = ApprovalRecord {
                 token: new_token(),
                 run_id: call.run_id.to_string(),
@@ -74,7 +103,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                 message: call.prompt.clone(),
                 team: run.team.clone(),
                 stage: run.stage.clone(),
-                channel: None,
+                channel: production.then(|| route.channel().to_string()),
                 created_at: now,
                 deadline_at: now + timeout_ms,
                 status: "pending".into(),
@@ -82,15 +111,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                 decided_at: None,
                 delivery_json: None,
             };
-            let url = format!(
-                "{}/approvals/{}",
-                engine
-                    .config
-                    .human_approval
-                    .ui_base_url
-                    .trim_end_matches('/'),
-                a.token
-            );
+            let url = delivery::page_url(&engine.config, &a.token);
             let ev = event(
                 call.run_id,
                 now,
@@ -110,6 +131,9 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                 .map_err(|e| fail(e.to_string()))?;
             engine.refresh_approvals_gauge();
             tracing::warn!(target: "vectorstep::approval", run_id = %call.run_id, step = %call.step_path, url = %url, "Approval requested: {}", a.message);
+            if production {
+                delivery::spawn(engine, a.clone());
+            }
             a
         }
     };
@@ -139,7 +163,35 @@ fn waiting(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Write {
     Write::UpsertStep(rec)
 }
 
+fn used(engine: &Engine, token: &str) -> bool {
+    match engine.approvals_used.lock() {
+        Ok(set) => set.contains(token),
+        Err(p) => p.into_inner().contains(token),
+    }
+}
+
 async fn wait(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+    a: &ApprovalRecord,
+) -> Result<Outcome, CallFailure> {
+    let result = wait_for_outcome(engine, call, a).await;
+    if !matches!(result, Err(CallFailure::Drained)) {
+        let mut set = match engine.approvals_used.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        };
+        set.insert(a.token.clone());
+        // Nobody waits on this token any more; a late decision recreates the entry.
+        match engine.approval_signals.lock() {
+            Ok(mut m) => m.remove(&a.token),
+            Err(p) => p.into_inner().remove(&a.token),
+        };
+    }
+    result
+}
+
+async fn wait_for_outcome(
     engine: &Arc<Engine>,
     call: &Call<'_>,
     a: &ApprovalRecord,
@@ -210,6 +262,7 @@ async fn wait(
             ) {
                 crate::telemetry::approval_decided(call.pipeline, "timeout");
                 engine.refresh_approvals_gauge();
+                crate::telegram::announce_decided(engine, &a.token);
                 if testing {
                     return Ok(decided(true, "deadline (testing stage)", &a.token));
                 }

@@ -1,0 +1,247 @@
+//! The update loop: long-polls `getUpdates` for button presses and turns each into
+//! a decision. The offset is stored after every batch, so a press made while the
+//! service was down is applied at the next start, and a press is never applied
+//! twice in a way that matters (a repeated decision is answered "already decided").
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::client::{Client, Press};
+use super::Delivery;
+use crate::config::Config;
+use crate::runner::Engine;
+use crate::store::{ApprovalRecord, Outcome, Write};
+
+/// The `kv` key holding the next update id to ask for.
+pub const OFFSET_KEY: &str = "telegram:update_offset";
+
+/// Long-poll length. Short enough that a stopped service is not held by it, long
+/// enough that an idle bot makes a few requests a minute.
+const WAIT_SECONDS: u32 = 10;
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Polls until shutdown begins. Never returns early on an error: a failing Bot API
+/// is retried with backoff, because approvals depend on this loop.
+pub async fn run(engine: Arc<Engine>, client: Client) {
+    let mut stop = engine.shutdown_signal();
+    let mut offset = load_offset(&engine);
+    let mut backoff = FIRST_BACKOFF;
+    tracing::info!(offset, "Polling Telegram for approval button presses.");
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let result = tokio::select! {
+            r = client.updates(offset, WAIT_SECONDS) => r,
+            _ = stop.changed() => return,
+        };
+        let updates = match result {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "Telegram getUpdates failed; retrying.");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = stop.changed() => return,
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+        };
+        backoff = FIRST_BACKOFF;
+        if updates.is_empty() {
+            continue;
+        }
+        let mut next = offset.unwrap_or(0);
+        for (id, press) in updates {
+            if let Some(p) = press {
+                handle(&engine, &client, p).await;
+            }
+            next = next.max((i64::from(id) + 1).min(i64::from(i32::MAX)) as i32);
+        }
+        offset = Some(next);
+        let write = Write::SetKv {
+            key: OFFSET_KEY.into(),
+            value: next.to_string(),
+        };
+        if let Err(e) = engine.store.commit(vec![write]).await {
+            // The offset stays advanced in memory; after a restart the batch comes
+            // again and each decision is answered "already decided".
+            tracing::warn!(error = %e, "Cannot store the Telegram update offset.");
+        }
+    }
+}
+
+fn load_offset(engine: &Engine) -> Option<i32> {
+    match engine.store.kv(OFFSET_KEY) {
+        Ok(v) => v.and_then(|s| s.parse().ok()),
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot read the Telegram update offset; starting from Telegram's.");
+            None
+        }
+    }
+}
+
+/// `approve:<token>` / `reject:<token>`.
+pub fn parse_data(data: &str) -> Option<(bool, &str)> {
+    let (action, token) = data.split_once(':')?;
+    let approve = match action {
+        "approve" => true,
+        "reject" => false,
+        _ => return None,
+    };
+    (!token.is_empty()).then_some((approve, token))
+}
+
+/// Whether `press` may decide `a`: the button must sit in a chat approvals are sent
+/// to, and the user must be on `human_approval.approvers` when that list is set.
+/// `Err` holds the answer the user sees.
+pub fn authorise(config: &Config, press: &Press, a: &ApprovalRecord) -> Result<(), &'static str> {
+    let delivered = a
+        .delivery_json
+        .as_deref()
+        .and_then(Delivery::parse)
+        .and_then(|d| d.telegram_message());
+    let chat_ok = press.chat_id.is_some_and(|chat| {
+        delivered.is_some_and(|(c, _)| c == chat) || configured_chats(config).any(|c| c == chat)
+    });
+    if !chat_ok {
+        return Err("Approvals cannot be decided from this chat.");
+    }
+    let approvers = &config.human_approval.approvers;
+    if !approvers.is_empty()
+        && !approvers
+            .iter()
+            .any(|id| id.trim() == press.user_id.to_string())
+    {
+        return Err("You are not on the approvers list; nothing was decided.");
+    }
+    Ok(())
+}
+
+/// Numeric chat ids from `notifications.telegram` and the telegram routes.
+fn configured_chats(config: &Config) -> impl Iterator<Item = i64> + '_ {
+    let ha = &config.human_approval;
+    config
+        .telegram
+        .iter()
+        .map(|t| t.chat_id.as_str())
+        .chain(
+            ha.default
+                .iter()
+                .chain(ha.teams.values())
+                .filter_map(|r| r.chat_id.as_deref()),
+        )
+        .filter_map(|c| c.trim().parse().ok())
+}
+
+async fn handle(engine: &Arc<Engine>, client: &Client, press: Press) {
+    let answer = decide(engine, &press).await;
+    // Answered in the background: a slow answer must not hold up the next press.
+    let client = client.clone();
+    tokio::spawn(async move {
+        if let Err(e) = client.answer(&press.callback_id, answer).await {
+            // Telegram refuses answers to presses older than a few minutes (for
+            // example one made while the service was down); the decision stands.
+            tracing::debug!(error = %e, "Cannot answer a Telegram button press.");
+        }
+    });
+}
+
+async fn decide(engine: &Arc<Engine>, press: &Press) -> &'static str {
+    let Some((approve, token)) = press.data.as_deref().and_then(parse_data) else {
+        return "This button is not a vectorstep approval.";
+    };
+    let a = match engine.store.approval(token) {
+        Ok(Some(a)) => a,
+        Ok(None) => return "Unknown or expired approval.",
+        Err(e) => {
+            tracing::error!(error = %e, "Cannot read an approval for a Telegram press.");
+            return "Could not record the decision; please try again.";
+        }
+    };
+    if let Err(why) = authorise(&engine.config, press, &a) {
+        tracing::warn!(run_id = %a.run_id, step = %a.step_path, user_id = press.user_id, user = %press.user_name,
+            chat_id = ?press.chat_id, "Refused a Telegram approval press: {why}");
+        return why;
+    }
+    let by = format!("{} (Telegram {})", press.user_name, press.user_id);
+    match engine.decide_approval(token, approve, &by).await {
+        Ok(Outcome::ApprovalDecided) if approve => "Approved",
+        Ok(Outcome::ApprovalDecided) => "Rejected",
+        Ok(Outcome::ApprovalAlreadyDecided { .. }) => "Already decided.",
+        Ok(_) => "Unknown or expired approval.",
+        Err(e) => {
+            tracing::error!(error = %e, "Cannot record a Telegram approval decision.");
+            "Could not record the decision; please try again."
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callback_data() {
+        let check = |data: &str, expected: Option<(bool, &str)>| {
+            assert_eq!(parse_data(data), expected, "{data}");
+        };
+        check("approve:abc", Some((true, "abc")));
+        check("reject:abc", Some((false, "abc")));
+        check("approve:", None);
+        check("approve", None);
+        check("run:abc", None);
+        check("reject:a:b", Some((false, "a:b")));
+    }
+
+    fn approval(delivery: Option<&str>) -> ApprovalRecord {
+        ApprovalRecord {
+            token: "t".into(),
+            run_id: "r".into(),
+            step_path: "s".into(),
+            pipeline_name: "p".into(),
+            message: "m".into(),
+            team: None,
+            stage: "production".into(),
+            channel: Some("telegram".into()),
+            created_at: 0,
+            deadline_at: 1,
+            status: "pending".into(),
+            decided_by: None,
+            decided_at: None,
+            delivery_json: delivery.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn who_may_decide() {
+        let mut config = Config::default();
+        config.telegram = Some(crate::config::Telegram {
+            bot_token: "1:x".into(),
+            chat_id: "-100".into(),
+            api_url: None,
+        });
+        let press = |user: u64, chat: Option<i64>| Press {
+            callback_id: "c".into(),
+            user_id: user,
+            user_name: "@u".into(),
+            chat_id: chat,
+            message_id: Some(1),
+            data: Some("approve:t".into()),
+        };
+        let sent = r#"{"channel":"telegram","chat_id":-200,"message_id":5}"#;
+        let check = |config: &Config, p: Press, delivery: Option<&str>, ok: bool| {
+            let got = authorise(config, &p, &approval(delivery));
+            assert_eq!(got.is_ok(), ok, "{p:?} {delivery:?}: {got:?}");
+        };
+        check(&config, press(7, Some(-100)), None, true);
+        check(&config, press(7, Some(-200)), Some(sent), true);
+        check(&config, press(7, Some(-300)), Some(sent), false);
+        check(&config, press(7, None), Some(sent), false);
+        config.human_approval.approvers = vec!["42".into(), " 43 ".into()];
+        check(&config, press(7, Some(-100)), None, false);
+        check(&config, press(42, Some(-100)), None, true);
+        check(&config, press(43, Some(-100)), None, true);
+    }
+}
