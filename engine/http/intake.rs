@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -17,6 +18,7 @@ use super::{ApiError, AppState};
 use crate::pipeline::Stage;
 use crate::run::context::Normalised;
 use crate::runner::Created;
+use crate::store::RunFilter;
 
 /// The team of the bearer token, `Ok(None)` when no tokens are configured.
 fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -55,6 +57,22 @@ fn reject(source: &str, err: ApiError) -> Response {
     err.into_response()
 }
 
+/// A body axum could not read (over `server.max_body_bytes`, or cut off) becomes
+/// the usual error shape instead of axum's plain-text rejection.
+fn read_body(body: Result<Bytes, BytesRejection>, max_body_bytes: u64) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        let status = rejection.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(status, "payload too large").detail(Value::from(format!(
+                "the request body is over server.max_body_bytes ({max_body_bytes} bytes)"
+            )))
+        } else {
+            ApiError::new(status, "unreadable request body")
+                .detail(Value::from(rejection.body_text()))
+        }
+    })
+}
+
 fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::new(StatusCode::BAD_REQUEST, "malformed JSON").detail(Value::from(e.to_string()))
@@ -65,7 +83,7 @@ pub async fn webhook(
     State(state): State<Arc<AppState>>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let source = query
         .get("source")
@@ -82,6 +100,10 @@ pub async fn webhook(
     } else {
         source.clone()
     };
+    let body = match read_body(body, state.engine.config.server.max_body_bytes) {
+        Ok(b) => b,
+        Err(e) => return reject(&label, e),
+    };
     match accept(&state, &query, &headers, &body, &source, None).await {
         Ok(r) => r,
         Err(e) => reject(&label, e),
@@ -93,8 +115,12 @@ pub async fn run_pipeline(
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let body = match read_body(body, state.engine.config.server.max_body_bytes) {
+        Ok(b) => b,
+        Err(e) => return reject("generic", e),
+    };
     match accept(&state, &query, &headers, &body, "generic", Some(name)).await {
         Ok(r) => r,
         Err(e) => reject("generic", e),
@@ -168,12 +194,27 @@ async fn accept(
         .trigger
         .dedup_window_seconds
         .unwrap_or(cfg.dedup.window_seconds);
+    let common = json!({"pipeline": pipeline.name, "source": source, "severity": trigger.severity, "summary": trigger.summary});
     if engine.active_runs() >= cfg.max_runs {
+        // Dedup is decided before the cap (reference 7.1), so a retried alert whose
+        // run exists is answered `deduplicated` instead of being refused.
+        if let Some((run_id, reason)) = find_duplicate(
+            engine,
+            &pipeline.name,
+            trigger.fingerprint.as_deref(),
+            dedup_enabled.then_some(window),
+        )? {
+            crate::telemetry::webhook(source, "deduplicated");
+            let mut body = json!({"status": "deduplicated", "run_id": run_id, "reason": reason});
+            merge(&mut body, common);
+            return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
+        }
         crate::telemetry::webhook(source, "overloaded");
         return Ok((
             StatusCode::TOO_MANY_REQUESTS,
             Json(
                 json!({"status": "overloaded", "error": "too many runs in progress",
+            "detail": format!("concurrency.max_runs is {}; retry once a run has finished", cfg.max_runs),
             "active_runs": engine.active_runs(), "max_runs": cfg.max_runs}),
             ),
         )
@@ -188,7 +229,6 @@ async fn accept(
             dedup_enabled.then_some(window),
         )
         .await?;
-    let common = json!({"pipeline": pipeline.name, "source": source, "severity": trigger.severity, "summary": trigger.summary});
     match created {
         Created::Duplicate { run_id, reason } => {
             crate::telemetry::webhook(source, "deduplicated");
@@ -206,6 +246,72 @@ async fn accept(
         }
     }
 }
+
+/// The run an insert would be folded into as a duplicate (the same test as
+/// `store::Write::InsertRunDedup`: a `running` run with the fingerprint, or with a
+/// window, any run triggered inside it), with the reason to give. Read-only; used
+/// only when the cap refuses new runs. The window part looks at the newest
+/// [`OVERLOAD_DEDUP_SCAN`] runs of the pipeline at most, so a refused request stays
+/// cheap; a duplicate older than that is answered 429, as before.
+fn find_duplicate(
+    engine: &crate::runner::Engine,
+    pipeline: &str,
+    fingerprint: Option<&str>,
+    window_seconds: Option<u64>,
+) -> Result<Option<(String, String)>, ApiError> {
+    let Some(fingerprint) = fingerprint.filter(|f| !f.is_empty()) else {
+        return Ok(None);
+    };
+    let same = |r: &crate::store::RunRecord| r.dedup_fingerprint.as_deref() == Some(fingerprint);
+    let running = engine.store.runs(&RunFilter {
+        status: Some("running".into()),
+        pipeline: Some(pipeline.into()),
+        limit: 0,
+        offset: 0,
+    })?;
+    if let Some(r) = running.iter().find(|r| same(r)) {
+        return Ok(Some((
+            r.id.clone(),
+            format!("Duplicate of run {} (status=running)", r.id),
+        )));
+    }
+    let Some(window) = window_seconds else {
+        return Ok(None);
+    };
+    let window_start = engine.now_ms() - (window as i64) * 1000;
+    const PAGE: u32 = 200;
+    let mut offset = 0;
+    while offset < OVERLOAD_DEDUP_SCAN {
+        // Newest first, so the first run older than the window ends the search.
+        let page = engine.store.runs(&RunFilter {
+            status: None,
+            pipeline: Some(pipeline.into()),
+            limit: PAGE,
+            offset,
+        })?;
+        for r in &page {
+            if r.triggered_at < window_start {
+                return Ok(None);
+            }
+            if same(r) {
+                let reason = format!(
+                    "Duplicate of run {} (status={}) inside the dedup window",
+                    r.id, r.status
+                );
+                return Ok(Some((r.id.clone(), reason)));
+            }
+        }
+        if page.len() < PAGE as usize {
+            return Ok(None);
+        }
+        offset += PAGE;
+    }
+    Ok(None)
+}
+
+/// How many of a pipeline's newest runs an overloaded request searches for a
+/// duplicate inside the dedup window.
+const OVERLOAD_DEDUP_SCAN: u32 = 1_000;
 
 fn merge(into: &mut Value, from: Value) {
     if let (Value::Object(a), Value::Object(b)) = (into, from) {

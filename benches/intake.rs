@@ -1,0 +1,294 @@
+//! Webhook intake throughput: the real router (`vectorstep::http::router`) served by
+//! axum on 127.0.0.1:0 in this process, on a `synchronous=FULL` store, driven over
+//! loopback by reqwest clients. Every accepted webhook starts a real run (one `mock`
+//! step, no delay), so run writes compete with intake for the same writer.
+//!
+//! Run: `cargo bench --bench intake`. `BENCH_N` (default 10000) sets the number of
+//! accepted webhooks, `BENCH_CLIENTS` (default 64) the concurrent client tasks.
+//! Target: >= 5,000 accepted webhooks/s on a 2-core machine; a burst of 1,000
+//! identical alerts creates exactly one run.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use vectorstep::clock::SystemClock;
+use vectorstep::config::Config;
+use vectorstep::executor::Executors;
+use vectorstep::http::{router, AppState};
+use vectorstep::runner::Engine;
+use vectorstep::store::{raw_commit_probe, RunFilter, Store};
+
+const PIPELINE: &str = "name: bench\nstage: production\ntrigger:\n  match: {alertname: Bench}\nsteps:\n  - name: triage\n    executor: mock\n    executor_config:\n      output: {confidence: 0.9, summary: \"triaged\", next_step_context: \"\"}\n";
+
+/// A one-alert Alertmanager notification; the fingerprint makes it distinct.
+fn alert(fingerprint: &str) -> Vec<u8> {
+    let labels = json!({"alertname": "Bench", "severity": "critical", "service": "checkout",
+        "namespace": "prod-shop", "instance": "10.42.3.17:8080"});
+    json!({
+        "version": "4",
+        "groupKey": format!("{{}}:{{alertname=\"Bench\", fp=\"{fingerprint}\"}}"),
+        "status": "firing",
+        "receiver": "vectorstep",
+        "groupLabels": {"alertname": "Bench"},
+        "commonLabels": labels,
+        "commonAnnotations": {"summary": "checkout 5xx rate is 12.4% (threshold 5%)"},
+        "externalURL": "http://alertmanager.example.invalid:9093",
+        "alerts": [{
+            "status": "firing",
+            "labels": labels,
+            "annotations": {"summary": "checkout 5xx rate is 12.4% (threshold 5%)",
+                "description": "More than 5% of requests to checkout have failed."},
+            "startsAt": "2024-11-28T14:08:12.304Z",
+            "endsAt": "0001-01-01T00:00:00Z",
+            "fingerprint": fingerprint,
+        }]
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn env_usize(key: &str, default: usize) -> usize {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Posts one alert; returns the HTTP status, the answer's `status` field and the
+/// latency.
+async fn post(client: &reqwest::Client, url: &str, body: Vec<u8>) -> (u16, String, Duration) {
+    let t = Instant::now();
+    let resp = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("request");
+    let code = resp.status().as_u16();
+    let v: Value = resp.json().await.expect("JSON answer");
+    let elapsed = t.elapsed();
+    (
+        code,
+        v["status"].as_str().unwrap_or("").to_string(),
+        elapsed,
+    )
+}
+
+/// Sends `n` webhooks (`body(i)`) from `clients` concurrent tasks, asserts each is
+/// answered `want`, and prints the rate and latency. Returns the rate per second.
+async fn phase(
+    what: &str,
+    url: &str,
+    client: &reqwest::Client,
+    n: usize,
+    clients: usize,
+    want: &'static str,
+    body: fn(usize) -> Vec<u8>,
+) -> f64 {
+    let next = Arc::new(AtomicUsize::new(0));
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (client, url, next) = (client.clone(), url.to_string(), next.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return latencies;
+                }
+                let (code, status, d) = post(&client, &url, body(i)).await;
+                assert_eq!(status, want, "webhook {i}: HTTP {code}");
+                latencies.push(d);
+            }
+        }));
+    }
+    let mut latencies = Vec::with_capacity(n);
+    for task in tasks {
+        latencies.extend(task.await.expect("client task"));
+    }
+    let elapsed = t.elapsed();
+    latencies.sort();
+    let rate = n as f64 / elapsed.as_secs_f64();
+    println!(
+        "{what:<34} {n:>6} in {:>5.2}s = {rate:>6.0}/s   p50 {:>6.2} ms  p99 {:>6.2} ms  max {:>6.2} ms",
+        elapsed.as_secs_f64(),
+        ms(percentile(&latencies, 0.50)),
+        ms(percentile(&latencies, 0.99)),
+        ms(percentile(&latencies, 1.0)),
+    );
+    rate
+}
+
+fn unrouted(i: usize) -> Vec<u8> {
+    let mut v: Value = serde_json::from_slice(&alert(&format!("nm-{i}"))).expect("alert");
+    v["alerts"][0]["labels"]["alertname"] = json!("Unrouted");
+    v.to_string().into_bytes()
+}
+
+fn same(_: usize) -> Vec<u8> {
+    alert("dup")
+}
+
+fn distinct(i: usize) -> Vec<u8> {
+    alert(&format!("fp-{i}"))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let n = env_usize("BENCH_N", 10_000);
+    let clients = env_usize("BENCH_CLIENTS", 64);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdir = dir.path().join("pipelines");
+    std::fs::create_dir_all(&pdir).expect("mkdir");
+    std::fs::write(pdir.join("bench.yaml"), PIPELINE).expect("write");
+    let cfg_path = dir.path().join("config.yaml");
+    // No cap in the way: the bench measures intake, not 429s.
+    std::fs::write(
+        &cfg_path,
+        "server: {host: 127.0.0.1, port: 0}\npipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\n\
+         database: {path: ./bench.db}\ndedup: {enabled: true, window_seconds: 300}\nconcurrency: {max_runs: 1000000}\n",
+    )
+    .expect("write");
+    let config = Arc::new(Config::load(&cfg_path, true).expect("config").0);
+    let (set, diags) = vectorstep::pipeline::load(std::slice::from_ref(&pdir), &config);
+    let set = set.unwrap_or_else(|| panic!("{diags}"));
+    let store = Store::open(&config.database_path).expect("store");
+    // `serve` installs this recorder too, so counters cost what they cost there.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("metrics recorder");
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let engine = Engine::new(
+            config.clone(),
+            set,
+            store.clone(),
+            Executors::standard(&config),
+            Arc::new(SystemClock),
+        );
+        let state = AppState::new(engine.clone(), Some(metrics));
+        state.ready.store(true, Ordering::SeqCst);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let app = router(state);
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url = format!("http://{addr}/webhook?source=alertmanager");
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(clients)
+            .build()
+            .expect("client");
+
+        // Warm-up: connections, page cache, prepared statements.
+        for i in 0..200 {
+            let (_, s, _) = post(&client, &url, alert(&format!("warm-{i}"))).await;
+            assert_eq!(s, "accepted");
+        }
+        engine.wait_idle(Duration::from_secs(60)).await;
+        let raw = raw_commit_probe(dir.path(), 200).expect("probe") / 200;
+        println!(
+            "raw fsync'd SQLite commit here and now: {:.2} ms ({:.0}/s); {clients} client tasks",
+            ms(raw),
+            1.0 / raw.as_secs_f64()
+        );
+
+        // Where the time goes, layer by layer: HTTP + parse + resolve (no store), then
+        // + one store round trip (a duplicate writes nothing, so no fsync), then the
+        // whole path (insert, `run_started`, and the run itself).
+        phase("no_match (422, no store)", &url, &client, n, clients, "no_match", unrouted).await;
+        let (_, s, _) = post(&client, &url, same(0)).await;
+        assert_eq!(s, "accepted");
+        engine.wait_idle(Duration::from_secs(60)).await;
+        phase("deduplicated (1 store read/write)", &url, &client, n, clients, "deduplicated", same).await;
+
+        let before = store.stats();
+        let t = Instant::now();
+        let rate = phase("accepted (run created and run)", &url, &client, n, clients, "accepted", distinct).await;
+        let answered = store.stats();
+        let elapsed = t.elapsed();
+        let idle = engine.wait_idle(Duration::from_secs(120)).await;
+        let drained = t.elapsed();
+        let after = store.stats();
+        println!(
+            "accepted: {rate:.0}/s against a target of 5000/s: {}",
+            if rate >= 5000.0 { "met" } else { "NOT met" }
+        );
+        let tx = answered.transactions_committed - before.transactions_committed;
+        let batches = answered.batches_committed - before.batches_committed;
+        println!(
+            "store while answering: {batches} batches ({:.1} per webhook) in {tx} transactions = {:.1} batches per fsync, {:.0} fsyncs/s, {:.2} ms per transaction",
+            batches as f64 / n as f64,
+            batches as f64 / tx.max(1) as f64,
+            tx as f64 / elapsed.as_secs_f64(),
+            ms(elapsed) / tx.max(1) as f64,
+        );
+        println!(
+            "all {n} runs finished {:.2}s after the first webhook (idle: {idle}); {} transactions in all",
+            drained.as_secs_f64(),
+            after.transactions_committed - before.transactions_committed
+        );
+
+        // A burst of identical alerts: exactly one run.
+        let body = alert("burst-identical");
+        let t = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..1_000 {
+            let (client, url, body) = (client.clone(), url.clone(), body.clone());
+            tasks.push(tokio::spawn(
+                async move { post(&client, &url, body).await.1 },
+            ));
+        }
+        let mut accepted = 0;
+        let mut deduplicated = 0;
+        for task in tasks {
+            match task.await.expect("burst task").as_str() {
+                "accepted" => accepted += 1,
+                "deduplicated" => deduplicated += 1,
+                other => panic!("burst answer {other}"),
+            }
+        }
+        let burst = t.elapsed();
+        let runs = store
+            .runs(&RunFilter {
+                status: None,
+                pipeline: Some("bench".into()),
+                limit: 0,
+                offset: 0,
+            })
+            .expect("runs");
+        let created = runs
+            .iter()
+            .filter(|r| r.dedup_fingerprint.as_deref() == Some("burst-identical:firing"))
+            .count();
+        println!(
+            "burst of 1000 identical alerts in {:.2}s: {accepted} accepted, {deduplicated} deduplicated, {created} run(s) created",
+            burst.as_secs_f64()
+        );
+        assert_eq!(
+            (accepted, created),
+            (1, 1),
+            "a burst of identical alerts must create exactly one run"
+        );
+        engine.wait_idle(Duration::from_secs(60)).await;
+    });
+}
