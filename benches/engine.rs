@@ -55,7 +55,7 @@ fn main() {
     let cfg_path = dir.path().join("config.yaml");
     std::fs::write(&cfg_path, "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {path: ./bench.db}\n").expect("write");
     let config = Arc::new(Config::load(&cfg_path, true).expect("config").0);
-    let (set, diags) = vectorstep::pipeline::load(&[pdir.clone()], &config);
+    let (set, diags) = vectorstep::pipeline::load(std::slice::from_ref(&pdir), &config);
     let set = set.unwrap_or_else(|| panic!("{diags}"));
 
     let raw_n = 300;

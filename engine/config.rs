@@ -227,7 +227,7 @@ impl Config {
         };
         let lookup = |k: &str| std::env::var(k).ok();
         let mut missing = Vec::new();
-        root.map_strings(&mut |s| expand_env(s, &lookup, &mut missing));
+        expand_tree(&mut root, &lookup, &mut missing);
         missing.sort();
         missing.dedup();
         for name in missing {
@@ -252,6 +252,32 @@ impl Config {
         let a = self.agents.get(agent)?;
         let p = self.providers.get(&a.provider)?;
         Some((a, p))
+    }
+}
+
+/// Expands variables in every string. An unquoted value is typed after expansion,
+/// so `port: ${PORT:-8000}` is a number, as it would be written out.
+fn expand_tree(
+    node: &mut yaml::Node,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    missing: &mut Vec<String>,
+) {
+    match &mut node.value {
+        yaml::Value::Str(s) if s.contains("${") => {
+            let expanded = expand_env(s, lookup, missing);
+            node.value = if node.style == yaml::ScalarStyle::Plain {
+                yaml::plain_scalar(&expanded)
+            } else {
+                yaml::Value::Str(expanded)
+            };
+        }
+        yaml::Value::Seq(items) => items
+            .iter_mut()
+            .for_each(|n| expand_tree(n, lookup, missing)),
+        yaml::Value::Map(entries) => entries
+            .iter_mut()
+            .for_each(|(_, v)| expand_tree(v, lookup, missing)),
+        _ => {}
     }
 }
 
@@ -536,7 +562,7 @@ fn decode_teams(list: &yaml::Node, c: &mut Config, d: &mut Diagnostics) {
 fn decode_named<T>(
     parent: &Obj<'_>,
     key: &str,
-    fields: &[&str],
+    fields: &[&'static str],
     d: &mut Diagnostics,
     f: impl Fn(&Obj<'_>, &mut Diagnostics) -> Option<T>,
 ) -> Option<BTreeMap<String, T>> {
@@ -607,6 +633,16 @@ mod tests {
         let text = d.to_string();
         assert!(text.contains(":2:1: error: unknown key `dedupe`"), "{text}");
         assert!(text.contains("did you mean `dedup`?"), "{text}");
+    }
+
+    #[test]
+    fn unquoted_variables_are_typed_after_expansion() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.yaml");
+        std::fs::write(&p, "server:\n  port: ${VECTORSTEP_TEST_UNSET_PORT:-8123}\n  host: \"${VECTORSTEP_TEST_UNSET_HOST:-10.0.0.1}\"\n").unwrap();
+        let (c, _) = Config::load(&p, true).unwrap();
+        assert_eq!(c.server.port, 8123);
+        assert_eq!(c.server.host, "10.0.0.1");
     }
 
     #[test]

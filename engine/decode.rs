@@ -22,6 +22,9 @@ pub fn join(path: &str, key: &str) -> String {
 pub struct Obj<'a> {
     pub node: &'a Node,
     pub path: String,
+    /// Known keys suggested for misspelled ones: their absence is not reported
+    /// again as "missing", the misspelling already explains it.
+    suggested: Vec<&'static str>,
 }
 
 /// Keys that belong to VectorStep features this engine does not implement: they
@@ -40,7 +43,7 @@ impl<'a> Obj<'a> {
     pub fn new(
         node: &'a Node,
         path: &str,
-        known: &[&str],
+        known: &[&'static str],
         ignored: &[&str],
         d: &mut Diagnostics,
     ) -> Option<Obj<'a>> {
@@ -53,6 +56,7 @@ impl<'a> Obj<'a> {
             return None;
         };
         let mut seen: Vec<&str> = Vec::new();
+        let mut suggested = Vec::new();
         for (k, _) in entries {
             let Some(key) = k.as_str() else {
                 d.error(
@@ -80,7 +84,10 @@ impl<'a> Obj<'a> {
             }
             let msg = format!("unknown key `{key}`");
             match did_you_mean(key, known.iter().copied()) {
-                Some(s) => d.error_hint(&k.span, path, msg, format!("did you mean `{s}`?")),
+                Some(s) => {
+                    suggested.push(s);
+                    d.error_hint(&k.span, path, msg, format!("did you mean `{s}`?"))
+                }
                 None => d.error_hint(
                     &k.span,
                     path,
@@ -92,6 +99,7 @@ impl<'a> Obj<'a> {
         Some(Obj {
             node,
             path: path.to_string(),
+            suggested,
         })
     }
 
@@ -121,11 +129,14 @@ impl<'a> Obj<'a> {
     }
 
     pub fn missing(&self, d: &mut Diagnostics, key: &str) {
-        d.error(
-            &self.node.span,
-            &self.path,
-            format!("missing required field `{key}`"),
-        );
+        if self.suggested.contains(&key) {
+            return;
+        }
+        let msg = format!("missing required field `{key}`");
+        match missing_hint(key) {
+            Some(h) => d.error_hint(&self.node.span, &self.path, msg, h),
+            None => d.error(&self.node.span, &self.path, msg),
+        };
     }
 
     pub fn str(&self, d: &mut Diagnostics, key: &str) -> Option<String> {
@@ -324,4 +335,17 @@ impl<'a> Obj<'a> {
         }
         Some(n.to_json())
     }
+}
+
+/// What to write for a required field that is absent.
+fn missing_hint(key: &str) -> Option<String> {
+    Some(match key {
+        "executor" => format!("one of: {}", crate::pipeline::ExecutorKind::NAMES.join(", ")),
+        "name" => "every step, group and fan-out needs a unique `name`".into(),
+        "over" => "the item list to fan out over, e.g. `over: \"{{ steps.triage.services | tojson }}\"`".into(),
+        "steps" => "a list of steps, e.g. `steps: [{name: triage, executor: mock}]`".into(),
+        "trigger" => "`trigger: {}` matches every alert; add `match:` conditions to narrow it".into(),
+        "template" => "the message text, a Jinja template such as `\"{{ pipeline_name }} escalated: {{ step_summary }}\"`".into(),
+        _ => return None,
+    })
 }

@@ -20,7 +20,10 @@ use crate::diag::Span;
 pub enum ScalarStyle {
     Plain,
     Quoted,
-    Block,
+    /// `|`: lines are kept, so a line inside maps to a line of the file.
+    Literal,
+    /// `>`: lines are folded, so inner line numbers do not map back.
+    Folded,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -147,6 +150,13 @@ pub struct SyntaxError {
     pub message: String,
 }
 
+/// Nesting deeper than this is refused: no real pipeline comes close, and the
+/// limit keeps a hostile file from exhausting the stack.
+pub const MAX_DEPTH: usize = 128;
+/// Nodes a document may expand to (aliases included): a small file with nested
+/// aliases must not balloon into gigabytes.
+pub const MAX_NODES: usize = 200_000;
+
 /// Parses one YAML document. An empty document is `Null`.
 pub fn parse(file: &Arc<str>, source: &str) -> Result<Node, SyntaxError> {
     let mut builder = Builder {
@@ -155,14 +165,30 @@ pub fn parse(file: &Arc<str>, source: &str) -> Result<Node, SyntaxError> {
         root: None,
         anchors: HashMap::new(),
         error: None,
+        nodes: 0,
+        line_lengths: source.lines().map(|l| l.chars().count()).collect(),
     };
+    // Events are pulled one by one (yaml-rust2's own loader recurses per level).
     let mut parser = Parser::new_from_str(source);
-    if let Err(e) = parser.load(&mut builder, false) {
-        let m = e.marker();
-        return Err(SyntaxError {
-            span: Span::new(file.clone(), m.line().max(1), m.col() + 1),
-            message: format!("invalid YAML: {}", e.info()),
-        });
+    loop {
+        match parser.next_token() {
+            Ok((Event::StreamEnd, _)) => break,
+            // Only the first document is read.
+            Ok((Event::DocumentEnd, _)) if builder.root.is_some() => break,
+            Ok((ev, mark)) => {
+                builder.on_event(ev, mark);
+                if builder.error.is_some() {
+                    break;
+                }
+            }
+            Err(e) => {
+                let m = e.marker();
+                return Err(SyntaxError {
+                    span: clamp(file, source, m.line(), m.col() + 1),
+                    message: format!("invalid YAML: {}", e.info()),
+                });
+            }
+        }
     }
     if let Some(err) = builder.error {
         return Err(err);
@@ -170,6 +196,34 @@ pub fn parse(file: &Arc<str>, source: &str) -> Result<Node, SyntaxError> {
     Ok(builder
         .root
         .unwrap_or_else(|| Node::new(Value::Null, Span::new(file.clone(), 1, 1))))
+}
+
+/// Keeps a position inside the file: errors found at end of input point at the end
+/// of the last line, not at a line that does not exist.
+fn clamp(file: &Arc<str>, source: &str, line: usize, col: usize) -> Span {
+    let lines: Vec<&str> = source.lines().collect();
+    let line = line.max(1);
+    if lines.is_empty() {
+        return Span::new(file.clone(), 1, 1);
+    }
+    if line > lines.len() {
+        let last = lines.len();
+        return Span::new(file.clone(), last, lines[last - 1].chars().count() + 1);
+    }
+    Span::new(file.clone(), line, col)
+}
+
+fn count_nodes(n: &Node) -> usize {
+    match &n.value {
+        Value::Seq(items) => 1 + items.iter().map(count_nodes).sum::<usize>(),
+        Value::Map(entries) => {
+            1 + entries
+                .iter()
+                .map(|(k, v)| count_nodes(k) + count_nodes(v))
+                .sum::<usize>()
+        }
+        _ => 1,
+    }
 }
 
 enum Frame {
@@ -181,18 +235,44 @@ struct Builder {
     file: Arc<str>,
     stack: Vec<Frame>,
     root: Option<Node>,
-    anchors: HashMap<usize, Node>,
+    anchors: HashMap<usize, (Node, usize)>,
     error: Option<SyntaxError>,
+    nodes: usize,
+    /// Characters per line, so marks at end of input can be kept inside the file.
+    line_lengths: Vec<usize>,
 }
 
 impl Builder {
     fn span(&self, mark: Marker) -> Span {
-        Span::new(self.file.clone(), mark.line().max(1), mark.col() + 1)
+        let line = mark.line().max(1);
+        match self.line_lengths.len() {
+            0 => Span::new(self.file.clone(), 1, 1),
+            n if line > n => Span::new(self.file.clone(), n, self.line_lengths[n - 1] + 1),
+            _ => Span::new(self.file.clone(), line, mark.col() + 1),
+        }
     }
 
-    fn insert(&mut self, node: Node, anchor: usize) {
+    fn fail(&mut self, mark: Marker, message: &str) {
+        if self.error.is_none() {
+            self.error = Some(SyntaxError {
+                span: self.span(mark),
+                message: message.to_string(),
+            });
+        }
+    }
+
+    fn insert(&mut self, mut node: Node, anchor: usize) {
+        // A block mapping's own mark sits after its first key; point at the key.
+        if let Value::Map(entries) = &node.value {
+            if let Some((k, _)) = entries.first() {
+                if (k.span.line, k.span.col) < (node.span.line, node.span.col) {
+                    node.span = k.span.clone();
+                }
+            }
+        }
         if anchor > 0 {
-            self.anchors.insert(anchor, node.clone());
+            let size = count_nodes(&node);
+            self.anchors.insert(anchor, (node.clone(), size));
         }
         match self.stack.last_mut() {
             None => {
@@ -217,7 +297,8 @@ impl Builder {
     }
 }
 
-fn plain_scalar(text: &str) -> Value {
+/// How YAML reads an unquoted scalar: null, boolean, integer, float or string.
+pub fn plain_scalar(text: &str) -> Value {
     match text {
         "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
         "true" | "True" | "TRUE" => return Value::Bool(true),
@@ -255,13 +336,13 @@ impl MarkedEventReceiver for Builder {
         }
         match ev {
             Event::Scalar(text, style, anchor, tag) => {
+                self.nodes += 1;
                 let (value, style) = match style {
                     TScalarStyle::Plain if !is_str_tag(&tag) => {
                         (plain_scalar(&text), ScalarStyle::Plain)
                     }
-                    TScalarStyle::Literal | TScalarStyle::Folded => {
-                        (Value::Str(text), ScalarStyle::Block)
-                    }
+                    TScalarStyle::Literal => (Value::Str(text), ScalarStyle::Literal),
+                    TScalarStyle::Folded => (Value::Str(text), ScalarStyle::Folded),
                     _ => (Value::Str(text), ScalarStyle::Quoted),
                 };
                 let node = Node {
@@ -270,6 +351,14 @@ impl MarkedEventReceiver for Builder {
                     style,
                 };
                 self.insert(node, anchor);
+            }
+            Event::SequenceStart(_, _) | Event::MappingStart(_, _)
+                if self.stack.len() >= MAX_DEPTH =>
+            {
+                self.fail(
+                    mark,
+                    &format!("invalid YAML: nesting deeper than {MAX_DEPTH} levels"),
+                );
             }
             Event::SequenceStart(anchor, _) => {
                 let node = Node::new(Value::Seq(Vec::new()), self.span(mark));
@@ -286,7 +375,14 @@ impl MarkedEventReceiver for Builder {
                 None => {}
             },
             Event::Alias(id) => match self.anchors.get(&id).cloned() {
-                Some(mut node) => {
+                Some((_, size)) if self.nodes + size > MAX_NODES => {
+                    self.fail(
+                        mark,
+                        &format!("invalid YAML: aliases expand past {MAX_NODES} nodes"),
+                    );
+                }
+                Some((mut node, size)) => {
+                    self.nodes += size;
                     node.span = self.span(mark);
                     self.insert(node, 0);
                 }
@@ -326,7 +422,7 @@ mod tests {
     fn block_scalar_is_marked_block() {
         let n = parse(&file(), "p: |\n  one\n  two\n").unwrap();
         let p = n.get("p").unwrap();
-        assert_eq!(p.style, ScalarStyle::Block);
+        assert_eq!(p.style, ScalarStyle::Literal);
         assert_eq!(p.as_str(), Some("one\ntwo\n"));
         // The mark of a block scalar is its first non-blank content line.
         assert_eq!((p.span.line, p.span.col), (2, 3));
@@ -345,5 +441,45 @@ mod tests {
     fn aliases_resolve() {
         let n = parse(&file(), "a: &x {k: v}\nb: *x\n").unwrap();
         assert_eq!(n.get("b").unwrap().get("k").unwrap().as_str(), Some("v"));
+    }
+}
+
+#[cfg(test)]
+mod limits {
+    use super::*;
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        let src = format!("steps:\n  {}x\n", "- ".repeat(50_000));
+        let err = parse(&Arc::from("t.yaml"), &src).unwrap_err();
+        assert!(err.message.contains("nesting deeper"), "{}", err.message);
+    }
+
+    #[test]
+    fn alias_bombs_are_refused() {
+        let mut src = String::from("l0: &l0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..8 {
+            let refs = vec![format!("*l{}", i - 1); 10].join(", ");
+            src.push_str(&format!("l{i}: &l{i} [{refs}]\n"));
+        }
+        let err = parse(&Arc::from("t.yaml"), &src).unwrap_err();
+        assert!(err.message.contains("aliases expand"), "{}", err.message);
+    }
+
+    #[test]
+    fn errors_at_end_of_input_stay_inside_the_file() {
+        let err = parse(&Arc::from("t.yaml"), "{0").unwrap_err();
+        assert_eq!((err.span.line, err.span.col), (1, 3));
+    }
+
+    #[test]
+    fn block_mappings_point_at_their_first_key() {
+        let n = parse(
+            &Arc::from("t.yaml"),
+            "steps:\n  - name: a\n    executor: mock\n",
+        )
+        .unwrap();
+        let step = &n.get("steps").unwrap().as_seq().unwrap()[0];
+        assert_eq!((step.span.line, step.span.col), (2, 5));
     }
 }

@@ -151,7 +151,11 @@ fn when(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Expr> {
             d.error_hint(
                 &n.span,
                 &o.path_of("when"),
-                format!("`{src}` does not compile: {}", e.message),
+                format!(
+                    "`{src}` is not a valid expression: {}",
+                    e.message
+                        .replace("unexpected end of block", "the expression is incomplete")
+                ),
                 "`when:` is a bare Jinja expression such as `steps.triage.confidence < 0.5`",
             );
             None
@@ -440,7 +444,7 @@ fn collect_string_templates(
 pub fn step(
     n: &Node,
     path: &str,
-    keys: &[&str],
+    keys: &[&'static str],
     cx: &mut Ctx,
     d: &mut Diagnostics,
 ) -> Option<Step> {
@@ -579,6 +583,14 @@ fn parallel(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<P
                     format!("expected a list of branches, found {}", list.type_name()),
                 );
             }
+            Some([]) => {
+                d.error_hint(
+                    o.get("steps").map(|n| &n.span).unwrap_or(o.span()),
+                    &o.path_of("steps"),
+                    "a parallel group needs at least one branch",
+                    "list branches as `- {name: ..., executor: ...}`",
+                );
+            }
             Some(items) => {
                 let group = name.clone().unwrap_or_default();
                 for (i, item) in items.iter().enumerate() {
@@ -628,8 +640,16 @@ fn fan_out(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Fa
     if !o.has("over") {
         o.missing(d, "over");
     }
-    let over = o.get("over").and_then(|_| {
+    let over = o.get("over").and_then(|n| {
         let t = cx.template(&o, "over", d);
+        if n.as_str().is_some_and(|src| src.trim().is_empty()) {
+            d.error_hint(
+                &n.span,
+                &o.path_of("over"),
+                "`over` is empty",
+                "`over` renders the item list, e.g. `\"{{ steps.triage.services | tojson }}\"`",
+            );
+        }
         (!t.is_empty()).then_some(t)
     });
     let item_var = o

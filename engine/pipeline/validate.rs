@@ -160,9 +160,17 @@ impl<'a> Ctx<'a> {
             Ok(t) => Some(t),
             Err(e) => {
                 let leading_blank = source.chars().take_while(|c| *c == '\n').count();
+                // Only a literal block keeps its lines; quoted and folded text maps to
+                // where the value starts.
                 let line = match n.style {
-                    ScalarStyle::Block => (n.span.line + e.line).saturating_sub(1 + leading_blank),
-                    _ => n.span.line + e.line - 1,
+                    ScalarStyle::Literal => {
+                        let first = n.span.line.saturating_sub(leading_blank);
+                        let last =
+                            first + source.trim_end_matches('\n').split('\n').count().max(1) - 1;
+                        // An error at end of input points at the block's last line.
+                        (first + e.line.max(1) - 1).min(last)
+                    }
+                    _ => n.span.line,
                 };
                 let span = Span::new(n.span.file.clone(), line.max(1), n.span.col);
                 d.error_hint(&span, path, e.message, "templates use Jinja syntax: `{{ labels.service }}`, `{% if ... %}...{% endif %}`");
@@ -494,7 +502,7 @@ fn schedule(n: &Node, d: &mut Diagnostics) -> Option<Schedule> {
             &node.span,
             "schedule.cron",
             format!("invalid cron expression `{cron}`: {e}"),
-            "five fields: minute hour day-of-month month day-of-week, e.g. `*/15 * * * *`",
+            "five fields (minute hour day-of-month month day-of-week), or six with seconds first, e.g. `*/15 * * * *`",
         );
         return None;
     }
