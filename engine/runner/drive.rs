@@ -182,9 +182,16 @@ pub(super) async fn drive(
                 return close_terminal(&mut rs, i, entry, status, output, reason).await;
             }
             UnitPlan::NotStarted => {
-                if !when_passes(&rs, entry) {
-                    skip(&mut rs, i, entry).await?;
-                    continue;
+                match when_passes(&rs, entry) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        skip(&mut rs, i, entry, None).await?;
+                        continue;
+                    }
+                    Err(e) => {
+                        skip(&mut rs, i, entry, Some(e)).await?;
+                        continue;
+                    }
                 }
                 run_unit(&mut rs, i, entry, Start::Fresh, None).await?
             }
@@ -264,21 +271,25 @@ fn register(rs: &mut RunState, entry: &Entry, output: &Value) {
     rs.final_output = Some(output.clone());
 }
 
-fn when_passes(rs: &RunState, entry: &Entry) -> bool {
+/// `Ok(true)` to run the unit; `Err(message)` when `when` could not be evaluated
+/// (the unit is skipped and the run log says why).
+fn when_passes(rs: &RunState, entry: &Entry) -> Result<bool, String> {
     let Some(expr) = entry.when() else {
-        return true;
+        return Ok(true);
     };
     let ctx = context::to_template_value(rs.context(entry.name(), None, None, None));
-    match rs.pipeline.templates.eval(expr, &ctx) {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::warn!(run_id = %rs.id(), step = %entry.name(), error = %e, "`when` failed to evaluate; the step is skipped.");
-            false
-        }
-    }
+    rs.pipeline.templates.eval(expr, &ctx).map_err(|e| {
+        tracing::warn!(run_id = %rs.id(), step = %entry.name(), error = %e, "`when` failed to evaluate; the step is skipped.");
+        e.to_string()
+    })
 }
 
-async fn skip(rs: &mut RunState, i: usize, entry: &Entry) -> Result<(), Error> {
+async fn skip(
+    rs: &mut RunState,
+    i: usize,
+    entry: &Entry,
+    error: Option<String>,
+) -> Result<(), Error> {
     let now = rs.now();
     let mut rec = records::running(records::NewRecord {
         run_id: rs.id(),
@@ -293,8 +304,26 @@ async fn skip(rs: &mut RunState, i: usize, entry: &Entry) -> Result<(), Error> {
     rec.status = "skipped".into();
     rec.finished_at = Some(now);
     rec.duration_ms = Some(0);
-    let msg = format!("Step skipped: `when` is false for {}", entry.name());
-    let ev = rs.ev("info", "step_skipped", msg, json!({"step": entry.name()}));
+    let (level, msg) = match &error {
+        None => (
+            "info",
+            format!("Step skipped: `when` is false for {}", entry.name()),
+        ),
+        Some(e) => (
+            "warn",
+            format!(
+                "Step skipped: `when` of {} could not be evaluated: {e}",
+                entry.name()
+            ),
+        ),
+    };
+    rec.error = error.clone();
+    let ev = rs.ev(
+        level,
+        "step_skipped",
+        msg,
+        json!({"step": entry.name(), "when_error": error}),
+    );
     rs.defer(vec![Write::UpsertStep(rec), ev]);
     Ok(())
 }
