@@ -127,7 +127,12 @@ pub(super) async fn drive(
     let Some(pipeline) = engine.pipeline(&run.pipeline_name) else {
         return Err(Error::UnknownPipeline(run.pipeline_name.clone()));
     };
-    let stored = engine.store.steps(&run_id)?;
+    // A run driven for the first time has no step records yet.
+    let stored = if resume {
+        engine.store.steps(&run_id)?
+    } else {
+        Vec::new()
+    };
     let plan = plan::plan(&pipeline, &stored);
     let mut rs = RunState {
         engine: engine.clone(),
@@ -528,6 +533,10 @@ pub(super) async fn finish(
             at: now,
         });
     }
+    let owes_notifications = writes
+        .iter()
+        .chain(rs.deferred.iter())
+        .any(|w| matches!(w, Write::InsertNotification(_)));
     rs.commit(writes).await?;
     if status != "completed" {
         // Chat messages of the approvals just closed say so (in the background).
@@ -535,7 +544,9 @@ pub(super) async fn finish(
     }
     crate::telemetry::run_finished(&rs.pipeline.name, status);
     tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status, "Run finished.");
-    outbox::deliver_run(&rs.engine, rs.id()).await;
+    if owes_notifications {
+        outbox::deliver_run(&rs.engine, rs.id()).await;
+    }
     Ok(RunEnd::Finished(status.to_string()))
 }
 

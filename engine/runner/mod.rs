@@ -196,7 +196,12 @@ impl Engine {
             },
             None => Write::InsertRun(record),
         };
-        let outcomes = self.store.commit(vec![insert]).await?;
+        // The first log line commits with the run, and only if the run was inserted.
+        let started = match started {
+            Write::AppendEvent(e) => Write::AppendEventIfInserted(e),
+            other => other,
+        };
+        let outcomes = self.store.commit(vec![insert, started]).await?;
         match outcomes.into_iter().next() {
             Some(Outcome::DuplicateRunning { existing_run_id }) => Ok(Created::Duplicate {
                 reason: format!("Duplicate of run {existing_run_id} (status=running)"),
@@ -212,8 +217,6 @@ impl Engine {
                 run_id: existing_run_id,
             }),
             _ => {
-                // Logged only once the run exists, so a deduplicated request leaves nothing.
-                self.store.commit(vec![started]).await?;
                 crate::telemetry::run_started(&pipeline.name);
                 tracing::info!(run_id = %id, pipeline = %pipeline.name, source = %trigger.source, "Run started.");
                 Ok(Created::Inserted(id))
@@ -222,7 +225,8 @@ impl Engine {
     }
 
     /// Drives `run_id` until it ends or shutdown drains it. `resume` marks a run
-    /// picked up by the startup sweep (it logs `run_resumed`).
+    /// picked up by the startup sweep (its records are read and `run_resumed` is
+    /// logged); `false` is only for a run just created, which has no records yet.
     pub fn drive<'a>(
         self: &'a Arc<Self>,
         run_id: &'a str,
@@ -375,10 +379,8 @@ impl Engine {
 
     /// Sets `vectorstep_human_approvals_pending` from the store (production only).
     pub fn refresh_approvals_gauge(&self) {
-        if let Ok(list) = self.store.approvals_with_status("pending") {
-            crate::telemetry::approvals_pending(
-                list.iter().filter(|a| a.stage != "testing").count(),
-            );
+        if let Ok(n) = self.store.count_pending_production_approvals() {
+            crate::telemetry::approvals_pending(n as usize);
         }
     }
 }

@@ -143,6 +143,20 @@ impl Store {
         })
     }
 
+    /// Pending approvals of production runs (what `human_approvals_pending` shows).
+    /// A count, because the gauge is refreshed on every request and decision.
+    pub fn count_pending_production_approvals(&self) -> Result<u64, Error> {
+        self.read(|conn| {
+            let count: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM pending_approvals \
+                     WHERE status = 'pending' AND stage != 'testing'",
+                )?
+                .query_row([], |r| r.get(0))?;
+            Ok(u64::try_from(count).unwrap_or(0))
+        })
+    }
+
     /// Oldest first.
     pub fn approvals_of_run(&self, run_id: &str) -> Result<Vec<ApprovalRecord>, Error> {
         self.read(|conn| {

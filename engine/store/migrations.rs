@@ -14,7 +14,12 @@ use super::Error;
 pub(super) const MIGRATIONS: &[(&str, &str)] = &[
     ("0001_initial", INITIAL),
     ("0002_dedup_lookup", DEDUP_LOOKUP),
+    ("0003_drop_redundant_index", DROP_REDUNDANT_INDEX),
 ];
+
+/// `ix_pipeline_runs_dedup` starts with `pipeline_name`, so the single-column index
+/// only cost every insert another B-tree update.
+const DROP_REDUNDANT_INDEX: &str = "DROP INDEX IF EXISTS ix_pipeline_runs_pipeline_name;";
 
 /// Dedup looks up recent runs by pipeline and fingerprint regardless of status.
 const DEDUP_LOOKUP: &str = "CREATE INDEX ix_pipeline_runs_dedup ON pipeline_runs (pipeline_name, dedup_fingerprint, triggered_at);";

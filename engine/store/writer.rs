@@ -37,6 +37,10 @@ pub enum Write {
     /// Inserts or completely replaces the step at `(run_id, step_path)`.
     UpsertStep(StepRecord),
     AppendEvent(EventRecord),
+    /// Appends the event only if an `InsertRun`/`InsertRunDedup` earlier in the same
+    /// batch inserted its run: a run and its first log line share one commit, and a
+    /// deduplicated request leaves nothing behind.
+    AppendEventIfInserted(EventRecord),
     /// Records the terminal state of a run that is still `running`.
     FinishRun {
         run_id: String,
@@ -141,6 +145,7 @@ impl Write {
             Write::InsertRunDedup { .. } => "InsertRunDedup",
             Write::UpsertStep(_) => "UpsertStep",
             Write::AppendEvent(_) => "AppendEvent",
+            Write::AppendEventIfInserted(_) => "AppendEventIfInserted",
             Write::FinishRun { .. } => "FinishRun",
             Write::SetRunUsage { .. } => "SetRunUsage",
             Write::MarkResumed { .. } => "MarkResumed",
@@ -162,7 +167,9 @@ impl Write {
                 runs::insert_dedup(conn, run, *window_start)
             }
             Write::UpsertStep(step) => steps::upsert(conn, step),
-            Write::AppendEvent(event) => events::append(conn, event),
+            Write::AppendEvent(event) | Write::AppendEventIfInserted(event) => {
+                events::append(conn, event)
+            }
             Write::FinishRun {
                 run_id,
                 status,
@@ -391,11 +398,20 @@ fn attempt(conn: &mut Connection, jobs: &[Job]) -> Attempt {
 /// If the failure (or the undo) destroyed the enclosing transaction, the connection is
 /// back in autocommit mode and the caller of this function must notice.
 fn apply_batch(conn: &Connection, writes: &[Write]) -> Result<Vec<Outcome>, Error> {
-    conn.execute_batch("SAVEPOINT batch")?;
+    // Cached: these run once per batch, thousands of times a second under load.
+    conn.prepare_cached("SAVEPOINT batch")?.execute([])?;
     let mut outcomes = Vec::with_capacity(writes.len());
+    let mut inserted = false;
     for (index, write) in writes.iter().enumerate() {
+        if matches!(write, Write::AppendEventIfInserted(_)) && !inserted {
+            outcomes.push(Outcome::Done);
+            continue;
+        }
         match write.apply(conn) {
-            Ok(outcome) => outcomes.push(outcome),
+            Ok(outcome) => {
+                inserted |= outcome == Outcome::RunInserted;
+                outcomes.push(outcome)
+            }
             Err(source) => {
                 if !conn.is_autocommit() {
                     let undone = conn.execute_batch("ROLLBACK TO batch; RELEASE batch");
@@ -413,7 +429,10 @@ fn apply_batch(conn: &Connection, writes: &[Write]) -> Result<Vec<Outcome>, Erro
             }
         }
     }
-    if let Err(error) = conn.execute_batch("RELEASE batch") {
+    if let Err(error) = conn
+        .prepare_cached("RELEASE batch")
+        .and_then(|mut st| st.execute([]))
+    {
         // Left in place, the savepoint would swallow the next batches' savepoints and
         // muddle which writes belong to whom; start the group over without this batch.
         if !conn.is_autocommit() {

@@ -191,3 +191,34 @@ fn pruning_deletes_only_old_finished_runs_and_what_belongs_to_them() {
     assert!(store.run("live").unwrap().is_some());
     assert_eq!(store.steps("live").unwrap().len(), 1);
 }
+
+#[test]
+fn a_conditional_event_is_written_only_with_its_run() {
+    let (_dir, store) = open_temp();
+    let first = commit(
+        &store,
+        vec![
+            Write::InsertRun(deduped("a", "p", "fp")),
+            Write::AppendEventIfInserted(event("a", "started")),
+        ],
+    );
+    assert_eq!(first, vec![Outcome::RunInserted, Outcome::Done]);
+    let second = commit(
+        &store,
+        vec![
+            Write::InsertRun(deduped("b", "p", "fp")),
+            Write::AppendEventIfInserted(event("b", "started")),
+        ],
+    );
+    assert_eq!(
+        second[0],
+        Outcome::DuplicateRunning {
+            existing_run_id: "a".into()
+        }
+    );
+    assert_eq!(store.events("a").unwrap().len(), 1);
+    assert!(
+        store.events("b").unwrap().is_empty(),
+        "a deduplicated run left an event behind"
+    );
+}
