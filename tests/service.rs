@@ -1100,3 +1100,36 @@ async fn a_duplicate_is_deduplicated_even_when_overloaded() {
     // so Alertmanager's retries of a running alert are answered, not refused.
     assert_deduplicated(&s.alert(&body).await, &id);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_concurrency_cap_holds_under_a_burst_of_distinct_alerts() {
+    let pipelines = [(
+        "slow",
+        pipeline(
+            "slow",
+            "production",
+            "  match: {alertname: Slow}",
+            &[("first", 3_000)],
+        ),
+    )];
+    let s = Intake::start("", "concurrency: {max_runs: 2}", &pipelines).await;
+    let bodies = (0..40)
+        .map(|i| alert("firing", &format!("slow-{i}"), json!({"alertname": "Slow"})))
+        .collect();
+    let answers = burst(&s, "/webhook?source=alertmanager", bodies).await;
+    let accepted = answers
+        .iter()
+        .filter(|a| a.json["status"] == "accepted")
+        .count();
+    for a in &answers {
+        assert!(
+            a.json["status"] == "accepted" || a.json["status"] == "overloaded",
+            "{a:?}"
+        );
+    }
+    assert!(
+        (1..=2).contains(&accepted),
+        "{accepted} runs accepted at max_runs 2"
+    );
+    assert_eq!(s.run_count().await, accepted);
+}

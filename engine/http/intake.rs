@@ -195,7 +195,9 @@ async fn accept(
         .dedup_window_seconds
         .unwrap_or(cfg.dedup.window_seconds);
     let common = json!({"pipeline": pipeline.name, "source": source, "severity": trigger.severity, "summary": trigger.summary});
-    if engine.active_runs() >= cfg.max_runs {
+    // The slot is taken before the run is recorded, so a burst cannot overshoot.
+    let admission = engine.try_admit(cfg.max_runs);
+    if admission.is_none() {
         // Dedup is decided before the cap (reference 7.1), so a retried alert whose
         // run exists is answered `deduplicated` instead of being refused.
         if let Some((run_id, reason)) = find_duplicate(
@@ -239,7 +241,9 @@ async fn accept(
         Created::Inserted(run_id) => {
             crate::telemetry::webhook(source, "accepted");
             tracing::info!(run_id = %run_id, pipeline = %pipeline.name, source, "Webhook accepted.");
-            engine.spawn(run_id.clone(), false);
+            if let Some(slot) = admission {
+                slot.spawn(run_id.clone());
+            }
             let mut body = json!({"status": "accepted", "run_id": run_id});
             merge(&mut body, common);
             Ok((StatusCode::ACCEPTED, Json(body)).into_response())

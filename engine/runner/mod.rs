@@ -48,6 +48,32 @@ pub enum Error {
     CorruptRun { run_id: String, detail: String },
 }
 
+/// A reserved run slot (see [`Engine::try_admit`]).
+pub struct Admission {
+    engine: Option<Arc<Engine>>,
+}
+
+impl Admission {
+    /// Drives `run_id` in the background on this slot.
+    pub fn spawn(mut self, run_id: String) -> tokio::task::JoinHandle<Result<RunEnd, Error>> {
+        let engine = self.engine.take();
+        tokio::spawn(async move {
+            match engine {
+                Some(e) => e.drive_counted(&run_id, false).await,
+                None => Err(Error::UnknownRun(run_id)),
+            }
+        })
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Some(e) = self.engine.take() {
+            e.release_slot();
+        }
+    }
+}
+
 /// How a call to [`Engine::drive`] ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunEnd {
@@ -232,10 +258,19 @@ impl Engine {
         run_id: &'a str,
         resume: bool,
     ) -> crate::executor::BoxFuture<'a, Result<RunEnd, Error>> {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        self.drive_counted(run_id, resume)
+    }
+
+    /// Drives a run already counted in `active` (by `drive` or an [`Admission`]).
+    fn drive_counted<'a>(
+        self: &'a Arc<Self>,
+        run_id: &'a str,
+        resume: bool,
+    ) -> crate::executor::BoxFuture<'a, Result<RunEnd, Error>> {
         // Boxed with an explicit `Send` bound: runs nest (sub-pipelines), and the
         // box breaks the recursive future type.
         Box::pin(async move {
-            self.active.fetch_add(1, Ordering::SeqCst);
             crate::telemetry::runs_in_progress(self.active.load(Ordering::SeqCst));
             // Every log line of the run carries its id.
             let span = tracing::info_span!("run", run_id = %run_id);
@@ -244,16 +279,20 @@ impl Engine {
                 span,
             )
             .await;
-            let left = self.active.fetch_sub(1, Ordering::SeqCst) - 1;
-            crate::telemetry::runs_in_progress(left);
-            if left == 0 {
-                self.idle.notify_waiters();
-            }
+            self.release_slot();
             if let Err(e) = &result {
                 tracing::error!(run_id = %run_id, error = %e, "Run driver failed; the run stays running until the next start.");
             }
             result
         })
+    }
+
+    fn release_slot(&self) {
+        let left = self.active.fetch_sub(1, Ordering::SeqCst) - 1;
+        crate::telemetry::runs_in_progress(left);
+        if left == 0 {
+            self.idle.notify_waiters();
+        }
     }
 
     /// Starts driving a run in the background.
@@ -262,8 +301,25 @@ impl Engine {
         run_id: String,
         resume: bool,
     ) -> tokio::task::JoinHandle<Result<RunEnd, Error>> {
+        // Counted before the task starts, so the concurrency cap and the drain
+        // never see a gap between acceptance and the run being driven.
+        self.active.fetch_add(1, Ordering::SeqCst);
         let engine = self.clone();
-        tokio::spawn(async move { engine.drive(&run_id, resume).await })
+        tokio::spawn(async move { engine.drive_counted(&run_id, resume).await })
+    }
+
+    /// Takes one of `max` run slots, or `None` when all are taken. The slot is
+    /// held from before the run is recorded until it ends, so a burst of requests
+    /// cannot all pass the cap at once. Dropping an unused admission frees it.
+    pub fn try_admit(self: &Arc<Self>, max: usize) -> Option<Admission> {
+        self.active
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Admission {
+                engine: Some(self.clone()),
+            })
     }
 
     /// Number of runs being driven by this process.
