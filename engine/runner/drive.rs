@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
+use super::ending::{announce_resume, close_terminal, finish};
 use super::records::{self, event};
 use super::{outbox, Engine, Error, RunEnd};
 use crate::pipeline::{Entry, Pipeline};
 use crate::run::context::{self, ContextInput, ItemVars, LoopVars, Normalised, Outputs};
 use crate::run::flow::{self, UnitStatus};
-use crate::run::plan::{self, InFlight, ResumePlan, UnitPlan};
+use crate::run::plan::{self, InFlight, UnitPlan};
 use crate::run::{StepOutput, Usage};
 use crate::store::{RunRecord, StepRecord, Write};
 
@@ -155,16 +156,7 @@ pub(super) async fn drive(
                 "Run cancelled at a step boundary.",
                 json!({"before_step": entry.name()}),
             )];
-            return finish(
-                &mut rs,
-                UnitStatus::Failed,
-                "cancelled",
-                None,
-                Some("cancelled".into()),
-                "",
-                w,
-            )
-            .await;
+            return finish(&mut rs, "cancelled", None, Some("cancelled".into()), w).await;
         }
         if engine.is_shutting_down() {
             rs.flush().await?;
@@ -184,7 +176,7 @@ pub(super) async fn drive(
                 output,
                 reason,
             } => {
-                return close_terminal(&mut rs, i, entry, status, output, reason).await;
+                return close_terminal(&mut rs, entry, status, output, reason).await;
             }
             UnitPlan::NotStarted => {
                 match when_passes(&rs, entry) {
@@ -230,11 +222,9 @@ pub(super) async fn drive(
             ));
             return finish(
                 &mut rs,
-                UnitStatus::Failed,
                 "cancelled",
                 Some(entry.name()),
                 Some("cancelled".into()),
-                "",
                 w,
             )
             .await;
@@ -243,16 +233,7 @@ pub(super) async fn drive(
             return Ok(end);
         }
     }
-    finish(
-        &mut rs,
-        UnitStatus::Completed,
-        "completed",
-        None,
-        None,
-        "",
-        Vec::new(),
-    )
-    .await
+    finish(&mut rs, "completed", None, None, Vec::new()).await
 }
 
 type GroupPlan = (Vec<plan::BranchPlan>, Option<Vec<Value>>);
@@ -378,17 +359,11 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
             }) {
                 writes.push(rs.ev("warn", "budget_exceeded", msg.clone(), json!({"step": name, "tokens_used": rs.usage.tokens(), "cost_usd": rs.usage.cost_usd.unwrap_or(0.0)})));
                 extra.insert("step_summary".into(), Value::from(msg.clone()));
-                return finish(
-                    rs,
-                    UnitStatus::Aborted,
-                    "notify",
-                    Some(&name),
-                    Some(msg),
-                    "budget_exceeded",
-                    writes,
-                )
-                .await
-                .map(Some);
+                // A tripped budget owes the pipeline's `notify` notifications.
+                writes.extend(outbox::record(rs, "notify", &name, &extra));
+                return finish(rs, "aborted", Some(&name), Some(msg), writes)
+                    .await
+                    .map(Some);
             }
             rs.defer(writes);
             Ok(None)
@@ -444,17 +419,9 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
             }
             let reason = r.error.clone().unwrap_or(summary);
             writes.extend(outbox::record(rs, &action, &name, &extra));
-            finish(
-                rs,
-                status,
-                status.as_str(),
-                Some(&name),
-                Some(reason),
-                "",
-                writes,
-            )
-            .await
-            .map(Some)
+            finish(rs, status.as_str(), Some(&name), Some(reason), writes)
+                .await
+                .map(Some)
         }
     }
 }
@@ -475,157 +442,4 @@ fn add_usage(rs: &mut RunState, usage: &Usage, writes: &mut Vec<Write>) {
         tokens_used: rs.usage.tokens(),
         cost_usd: rs.usage.cost_usd.unwrap_or(0.0),
     });
-}
-
-/// Ends the run: `run_finished`, the terminal status and the notifications owed are
-/// committed together with `writes`, then the notifications are delivered.
-/// `action` names a notification action to record (already recorded by the caller
-/// when empty or when it passes `notify` for budgets).
-pub(super) async fn finish(
-    rs: &mut RunState,
-    _unit_status: UnitStatus,
-    status: &str,
-    terminal_step: Option<&str>,
-    reason: Option<String>,
-    why: &str,
-    mut writes: Vec<Write>,
-) -> Result<RunEnd, Error> {
-    let status = match (status, why) {
-        (_, "budget_exceeded") => "aborted",
-        ("notify", _) => "aborted",
-        (s, _) => s,
-    };
-    if why == "budget_exceeded" {
-        let mut extra = Map::new();
-        extra.insert(
-            "step_summary".into(),
-            Value::from(reason.clone().unwrap_or_default()),
-        );
-        writes.extend(outbox::record(
-            rs,
-            "notify",
-            terminal_step.unwrap_or(""),
-            &extra,
-        ));
-    }
-    let now = rs.now();
-    writes.push(rs.ev(
-        if status == "completed" || status == "stopped" {
-            "info"
-        } else {
-            "warn"
-        },
-        "run_finished",
-        format!("Pipeline finished: {status}"),
-        json!({"status": status, "terminal_step": terminal_step, "reason": reason}),
-    ));
-    writes.push(Write::FinishRun {
-        run_id: rs.id().to_string(),
-        status: status.to_string(),
-        completed_at: now,
-        terminal_step: terminal_step.map(str::to_string),
-        reason: reason.clone(),
-        final_output_json: rs.final_output.as_ref().map(Value::to_string),
-    });
-    if status != "completed" {
-        writes.push(Write::CloseApprovalsOfRun {
-            run_id: rs.id().to_string(),
-            at: now,
-        });
-    }
-    let owes_notifications = writes
-        .iter()
-        .chain(rs.deferred.iter())
-        .any(|w| matches!(w, Write::InsertNotification(_)));
-    rs.commit(writes).await?;
-    if status != "completed" {
-        // Chat messages of the approvals just closed say so (in the background).
-        crate::telegram::announce_closed(&rs.engine, rs.id());
-    }
-    crate::telemetry::run_finished(&rs.pipeline.name, status);
-    tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status, "Run finished.");
-    if owes_notifications {
-        outbox::deliver_run(&rs.engine, rs.id()).await;
-    }
-    Ok(RunEnd::Finished(status.to_string()))
-}
-
-/// A unit that ended the run was recorded but the run was not closed (a store from
-/// an older build, or a partial write): close it now without running anything.
-async fn close_terminal(
-    rs: &mut RunState,
-    _i: usize,
-    entry: &Entry,
-    status: UnitStatus,
-    output: Option<Value>,
-    reason: Option<String>,
-) -> Result<RunEnd, Error> {
-    let name = entry.name().to_string();
-    let mut extra = Map::new();
-    let summary = output
-        .as_ref()
-        .and_then(|o| o.get("summary"))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    extra.insert("step_summary".into(), Value::from(summary.clone()));
-    let action = match status {
-        UnitStatus::Stopped => "stopped".to_string(),
-        UnitStatus::Aborted => entry.gate().on_abort.clone(),
-        _ => "escalate".to_string(),
-    };
-    let writes = outbox::record(rs, &action, &name, &extra);
-    if status == UnitStatus::Stopped {
-        rs.final_output = output;
-    }
-    finish(
-        rs,
-        status,
-        status.as_str(),
-        Some(&name),
-        reason.or(Some(summary)),
-        "",
-        writes,
-    )
-    .await
-}
-
-async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Result<(), Error> {
-    let count = rs.run.resume_count + 1;
-    let fields = json!({
-        "steps_skipped": plan.steps_skipped,
-        "branches_skipped": plan.branches_skipped,
-        "in_flight": plan.in_flight,
-        "on_interrupted": plan.on_interrupted.as_str(),
-        "resume_count": count,
-    });
-    tracing::warn!(
-        run_id = %rs.id(),
-        pipeline = %rs.pipeline.name,
-        steps_skipped = plan.steps_skipped,
-        branches_skipped = plan.branches_skipped,
-        in_flight = ?plan.in_flight,
-        on_interrupted = plan.on_interrupted.as_str(),
-        resume_count = count,
-        "Resuming run after restart."
-    );
-    let msg = format!(
-        "Run resumed after restart: {} step(s) and {} branch(es) kept, in flight: {:?}, on_interrupted={}",
-        plan.steps_skipped,
-        plan.branches_skipped,
-        plan.in_flight,
-        plan.on_interrupted.as_str()
-    );
-    let now = rs.now();
-    rs.commit(vec![
-        rs.ev("warn", "run_resumed", msg, fields),
-        Write::MarkResumed {
-            run_id: rs.id().to_string(),
-            at: now,
-        },
-    ])
-    .await?;
-    rs.run.resume_count = count;
-    crate::telemetry::run_resumed(&rs.pipeline.name);
-    Ok(())
 }

@@ -25,6 +25,7 @@ use crate::run::context::Normalised;
 use crate::store::{Outcome, RunRecord, Store, Write};
 
 mod drive;
+mod ending;
 mod group;
 mod human;
 pub mod outbox;

@@ -1,0 +1,140 @@
+//! How runs end and restart: `finish` closes a run together with what it owes,
+//! `close_terminal` closes a run whose ending unit was recorded without it, and
+//! `announce_resume` audits a resume (SPEC 6.5).
+
+use serde_json::{json, Map, Value};
+
+use super::drive::RunState;
+use super::{outbox, Error, RunEnd};
+use crate::pipeline::Entry;
+use crate::run::flow::UnitStatus;
+use crate::run::plan::ResumePlan;
+use crate::store::Write;
+
+/// Ends the run: `run_finished`, the terminal status and the notifications owed are
+/// committed together with `writes`, then the notifications are delivered.
+pub(super) async fn finish(
+    rs: &mut RunState,
+    status: &str,
+    terminal_step: Option<&str>,
+    reason: Option<String>,
+    mut writes: Vec<Write>,
+) -> Result<RunEnd, Error> {
+    let now = rs.now();
+    writes.push(rs.ev(
+        if status == "completed" || status == "stopped" {
+            "info"
+        } else {
+            "warn"
+        },
+        "run_finished",
+        format!("Pipeline finished: {status}"),
+        json!({"status": status, "terminal_step": terminal_step, "reason": reason}),
+    ));
+    writes.push(Write::FinishRun {
+        run_id: rs.id().to_string(),
+        status: status.to_string(),
+        completed_at: now,
+        terminal_step: terminal_step.map(str::to_string),
+        reason: reason.clone(),
+        final_output_json: rs.final_output.as_ref().map(Value::to_string),
+    });
+    if status != "completed" {
+        writes.push(Write::CloseApprovalsOfRun {
+            run_id: rs.id().to_string(),
+            at: now,
+        });
+    }
+    let owes_notifications = writes
+        .iter()
+        .chain(rs.deferred.iter())
+        .any(|w| matches!(w, Write::InsertNotification(_)));
+    rs.commit(writes).await?;
+    if status != "completed" {
+        // Chat messages of the approvals just closed say so (in the background).
+        crate::telegram::announce_closed(&rs.engine, rs.id());
+    }
+    crate::telemetry::run_finished(&rs.pipeline.name, status);
+    tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status, "Run finished.");
+    if owes_notifications {
+        outbox::deliver_run(&rs.engine, rs.id()).await;
+    }
+    Ok(RunEnd::Finished(status.to_string()))
+}
+
+/// A unit that ended the run was recorded but the run was not closed (a store from
+/// an older build, or a partial write): close it now without running anything.
+pub(super) async fn close_terminal(
+    rs: &mut RunState,
+    entry: &Entry,
+    status: UnitStatus,
+    output: Option<Value>,
+    reason: Option<String>,
+) -> Result<RunEnd, Error> {
+    let name = entry.name().to_string();
+    let mut extra = Map::new();
+    let summary = output
+        .as_ref()
+        .and_then(|o| o.get("summary"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    extra.insert("step_summary".into(), Value::from(summary.clone()));
+    let action = match status {
+        UnitStatus::Stopped => "stopped".to_string(),
+        UnitStatus::Aborted => entry.gate().on_abort.clone(),
+        _ => "escalate".to_string(),
+    };
+    let writes = outbox::record(rs, &action, &name, &extra);
+    if status == UnitStatus::Stopped {
+        rs.final_output = output;
+    }
+    finish(
+        rs,
+        status.as_str(),
+        Some(&name),
+        reason.or(Some(summary)),
+        writes,
+    )
+    .await
+}
+
+pub(super) async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Result<(), Error> {
+    let count = rs.run.resume_count + 1;
+    let fields = json!({
+        "steps_skipped": plan.steps_skipped,
+        "branches_skipped": plan.branches_skipped,
+        "in_flight": plan.in_flight,
+        "on_interrupted": plan.on_interrupted.as_str(),
+        "resume_count": count,
+    });
+    tracing::warn!(
+        run_id = %rs.id(),
+        pipeline = %rs.pipeline.name,
+        steps_skipped = plan.steps_skipped,
+        branches_skipped = plan.branches_skipped,
+        in_flight = ?plan.in_flight,
+        on_interrupted = plan.on_interrupted.as_str(),
+        resume_count = count,
+        "Resuming run after restart."
+    );
+    let msg = format!(
+        "Run resumed after restart: {} step(s) and {} branch(es) kept, in flight: {:?}, on_interrupted={}",
+        plan.steps_skipped,
+        plan.branches_skipped,
+        plan.in_flight,
+        plan.on_interrupted.as_str()
+    );
+    let now = rs.now();
+    rs.commit(vec![
+        rs.ev("warn", "run_resumed", msg, fields),
+        Write::MarkResumed {
+            run_id: rs.id().to_string(),
+            at: now,
+        },
+    ])
+    .await?;
+    rs.run.resume_count = count;
+    crate::telemetry::run_resumed(&rs.pipeline.name);
+    Ok(())
+}
