@@ -2,6 +2,7 @@
 //! validation pass into the [`model`] types, templates compiled at load, the step
 //! library and the config fingerprint. Pure apart from `loader`, which reads files.
 
+mod action;
 pub mod fingerprint;
 pub mod library;
 pub mod loader;

@@ -1,119 +1,20 @@
 //! Parallel groups and fan-outs: branches run concurrently, each recorded the
 //! moment it finishes, then joined over the full set (kept + fresh).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::branch::{BranchEnd, BranchJob};
 use super::drive::{RunState, UnitOutcome, UnitResult};
 use super::records::{self, NewRecord};
-use super::step::{call_once, CallFailure, CallSpec};
-use super::{Engine, Error};
-use crate::pipeline::{Action, FanOut, Gate, Join, Parallel, Pipeline};
+use super::Error;
+use crate::pipeline::{Action, FanOut, Gate, Join, Parallel};
 use crate::run::context::{self, ItemVars};
 use crate::run::flow::{self, FanOutItems, UnitStatus};
 use crate::run::plan::{BranchPlan, InFlight};
 use crate::run::{StepOutput, Usage};
 use crate::store::{StepRecord, Write};
-
-/// One branch to execute, owning what it needs so it can run as its own task.
-struct BranchJob {
-    engine: Arc<Engine>,
-    pipeline: Arc<Pipeline>,
-    run_id: String,
-    group: String,
-    path: String,
-    index: u32,
-    kind: &'static str,
-    action: Action,
-    ctx: minijinja::Value,
-    attempt: u32,
-}
-
-struct BranchDone {
-    pos: usize,
-    output: Value,
-    confidence: f64,
-    failed: bool,
-    usage: Usage,
-}
-
-enum BranchEnd {
-    Done(BranchDone),
-    Drained,
-}
-
-impl BranchJob {
-    async fn run(self, pos: usize) -> Result<BranchEnd, Error> {
-        let now = self.engine.now_ms();
-        let mut rec = records::running(NewRecord {
-            run_id: &self.run_id,
-            path: &self.path,
-            index: self.index,
-            kind: self.kind,
-            action: Some(&self.action),
-            started_at: now,
-            attempt: self.attempt,
-            iteration: 1,
-        });
-        self.engine
-            .store
-            .commit(vec![Write::UpsertStep(rec.clone())])
-            .await?;
-        let key = records::idempotency_key(&self.run_id, &self.path, 1);
-        let result = call_once(CallSpec {
-            rs_engine: &self.engine,
-            pipeline: &self.pipeline,
-            run_id: &self.run_id,
-            path: &self.path,
-            key: &key,
-            attempt: self.attempt,
-            action: &self.action,
-            ctx: &self.ctx,
-        })
-        .await;
-        let now = self.engine.now_ms();
-        let (status, output, usage, error) = match result {
-            Ok(o) => ("completed", o.output, o.usage, None),
-            Err(CallFailure::Drained) => return Ok(BranchEnd::Drained),
-            Err(CallFailure::Error(msg)) => {
-                let mut out = StepOutput::failed(&msg);
-                out.extra.insert("failed".into(), Value::Bool(true));
-                ("failed", out, Usage::default(), Some(msg))
-            }
-        };
-        records::finish(&mut rec, status, &output, &usage, error.clone(), now);
-        let (name, level) = if error.is_none() {
-            ("branch_completed", "info")
-        } else {
-            ("branch_failed", "warn")
-        };
-        let ev = records::event(
-            &self.run_id,
-            now,
-            level,
-            name,
-            format!("Branch {} {status}", self.path),
-            json!({"branch": self.path, "group": self.group, "confidence": output.confidence, "error": error}),
-        );
-        self.engine
-            .store
-            .commit(vec![Write::UpsertStep(rec), ev])
-            .await?;
-        Ok(BranchEnd::Done(BranchDone {
-            pos,
-            confidence: if error.is_some() {
-                0.0
-            } else {
-                output.confidence
-            },
-            output: output.to_json(),
-            failed: error.is_some(),
-            usage,
-        }))
-    }
-}
 
 /// A group's branches, described once for both shapes.
 struct Shape<'a> {

@@ -24,6 +24,7 @@ use crate::pipeline::{Pipeline, PipelineSet};
 use crate::run::context::Normalised;
 use crate::store::{Outcome, RunRecord, Store, Write};
 
+mod branch;
 mod drive;
 mod ending;
 mod group;

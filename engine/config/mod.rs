@@ -1,0 +1,327 @@
+//! `config.yaml`: the service's settings (SPEC section 3).
+//!
+//! `${VAR}` and `${VAR:-default}` are expanded anywhere inside string values before
+//! the file is validated, so a misspelled key is reported with its real position
+//! and a missing variable is visible as a warning. Relative paths are resolved
+//! against the folder holding the config file, so the service behaves the same
+//! whatever directory it is started from.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::diag::{Diagnostics, Span};
+use crate::yaml;
+
+mod decode;
+use decode::{decode, expand_tree};
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The config file, or `None` when built-in defaults are used.
+    pub file: Option<PathBuf>,
+    pub server: Server,
+    pub pipeline_config_dir: PathBuf,
+    pub step_library_dir: PathBuf,
+    pub database_path: PathBuf,
+    pub durability: Durability,
+    pub dedup: Dedup,
+    pub max_runs: usize,
+    pub auth_teams: Vec<TeamToken>,
+    pub providers: BTreeMap<String, Provider>,
+    pub agents: BTreeMap<String, Agent>,
+    pub pricing: BTreeMap<String, Price>,
+    pub telegram: Option<Telegram>,
+    pub human_approval: HumanApproval,
+    pub logging: Logging,
+    pub retention_days: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub host: String,
+    pub port: u16,
+    pub max_body_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Durability {
+    pub max_resume_age_seconds: u64,
+    pub max_resume_attempts: u32,
+    pub shutdown_grace_seconds: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Dedup {
+    pub enabled: bool,
+    pub window_seconds: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct TeamToken {
+    pub name: String,
+    pub token: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Provider {
+    pub base_url: String,
+    pub api_key: Option<String>,
+    pub timeout_seconds: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Agent {
+    pub provider: String,
+    pub model: String,
+    pub system_prompt: String,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Price {
+    pub input_per_mtok: f64,
+    pub output_per_mtok: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Telegram {
+    pub bot_token: String,
+    pub chat_id: String,
+    pub api_url: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ApprovalRoute {
+    pub channel: String,
+    pub url: Option<String>,
+    pub chat_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HumanApproval {
+    pub ui_base_url: String,
+    pub approvers: Vec<String>,
+    pub default: Option<ApprovalRoute>,
+    pub teams: BTreeMap<String, ApprovalRoute>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Logging {
+    pub level: String,
+    pub json: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            file: None,
+            server: Server {
+                host: "127.0.0.1".into(),
+                port: 8000,
+                max_body_bytes: 1024 * 1024,
+            },
+            pipeline_config_dir: PathBuf::from("./pipelines"),
+            step_library_dir: PathBuf::from("./samples/steps"),
+            database_path: PathBuf::from("./data/vectorstep.db"),
+            durability: Durability {
+                max_resume_age_seconds: 3600,
+                max_resume_attempts: 5,
+                shutdown_grace_seconds: 30,
+            },
+            dedup: Dedup {
+                enabled: true,
+                window_seconds: 300,
+            },
+            max_runs: 100,
+            auth_teams: Vec::new(),
+            providers: BTreeMap::new(),
+            agents: BTreeMap::new(),
+            pricing: BTreeMap::new(),
+            telegram: None,
+            human_approval: HumanApproval {
+                ui_base_url: "http://127.0.0.1:8000".into(),
+                approvers: Vec::new(),
+                default: None,
+                teams: BTreeMap::new(),
+            },
+            logging: Logging {
+                level: "info".into(),
+                json: false,
+            },
+            retention_days: 30,
+        }
+    }
+}
+
+/// Expands `${VAR}` and `${VAR:-default}` inside `text`. Unset variables without a
+/// default become empty and are reported through `missing`.
+pub fn expand_env(
+    text: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    missing: &mut Vec<String>,
+) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            out.push_str(&rest[start..]);
+            return out;
+        };
+        let inner = &after[..end];
+        let (name, default) = match inner.split_once(":-") {
+            Some((n, d)) => (n, Some(d)),
+            None => (inner, None),
+        };
+        match (
+            lookup(name).filter(|v| !v.is_empty() || default.is_none()),
+            default,
+        ) {
+            (Some(v), _) => out.push_str(&v),
+            (None, Some(d)) => out.push_str(d),
+            (None, None) => missing.push(name.to_string()),
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Why a config could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(Diagnostics),
+}
+
+impl Config {
+    /// Loads `path`. When `path` does not exist and `explicit` is false, the built-in
+    /// defaults are used (so `vectorstep validate` works in a bare checkout).
+    pub fn load(path: &Path, explicit: bool) -> Result<(Config, Diagnostics), Error> {
+        let source = match std::fs::read_to_string(path) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
+                return Ok((Config::default(), Diagnostics::new()));
+            }
+            Err(source) => {
+                return Err(Error::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        let mut d = Diagnostics::new();
+        let file: Arc<str> = Arc::from(path.display().to_string());
+        let mut root = match yaml::parse(&file, &source) {
+            Ok(n) => n,
+            Err(e) => {
+                d.error(&e.span, "", e.message);
+                return Err(Error::Invalid(d));
+            }
+        };
+        let lookup = |k: &str| std::env::var(k).ok();
+        let mut missing = Vec::new();
+        expand_tree(&mut root, &lookup, &mut missing);
+        missing.sort();
+        missing.dedup();
+        for name in missing {
+            d.warning(
+                &Span::new(file.clone(), 1, 1),
+                "",
+                format!("environment variable `{name}` is not set; it expands to an empty string"),
+            );
+        }
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let config = decode(&root, &base, &mut d);
+        let mut config = match config {
+            Some(c) if !d.has_errors() => c,
+            _ => return Err(Error::Invalid(d)),
+        };
+        config.file = Some(path.to_path_buf());
+        Ok((config, d))
+    }
+
+    /// The provider an agent uses, if both are configured.
+    pub fn agent_provider(&self, agent: &str) -> Option<(&Agent, &Provider)> {
+        let a = self.agents.get(agent)?;
+        let p = self.providers.get(&a.provider)?;
+        Some((a, p))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(k: &str) -> Option<String> {
+        match k {
+            "SET" => Some("value".into()),
+            "EMPTY" => Some(String::new()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn expands_anywhere_in_a_string() {
+        let mut missing = Vec::new();
+        let cases = [
+            ("Bearer ${SET}", "Bearer value"),
+            ("${UNSET:-fallback}/x", "fallback/x"),
+            ("${EMPTY:-d}", "d"),
+            ("a${SET}b${SET}c", "avaluebvaluec"),
+            ("no vars", "no vars"),
+            ("broken ${SET", "broken ${SET"),
+        ];
+        for (input, want) in cases {
+            assert_eq!(expand_env(input, &env, &mut missing), want, "{input}");
+        }
+        assert!(missing.is_empty());
+        assert_eq!(expand_env("x${UNSET}y", &env, &mut missing), "xy");
+        assert_eq!(missing, vec!["UNSET".to_string()]);
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_with_position() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.yaml");
+        std::fs::write(&p, "server: {host: 127.0.0.1}\ndedupe: {enabled: true}\n").unwrap();
+        let Err(Error::Invalid(d)) = Config::load(&p, true) else {
+            panic!("expected an invalid config");
+        };
+        let text = d.to_string();
+        assert!(text.contains(":2:1: error: unknown key `dedupe`"), "{text}");
+        assert!(text.contains("did you mean `dedup`?"), "{text}");
+    }
+
+    #[test]
+    fn unquoted_variables_are_typed_after_expansion() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.yaml");
+        std::fs::write(&p, "server:\n  port: ${VECTORSTEP_TEST_UNSET_PORT:-8123}\n  host: \"${VECTORSTEP_TEST_UNSET_HOST:-10.0.0.1}\"\n").unwrap();
+        let (c, _) = Config::load(&p, true).unwrap();
+        assert_eq!(c.server.port, 8123);
+        assert_eq!(c.server.host, "10.0.0.1");
+    }
+
+    #[test]
+    fn paths_resolve_against_the_config_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.yaml");
+        std::fs::write(
+            &p,
+            "database: {path: ./db/x.db}\npipeline_config_dir: /abs\n",
+        )
+        .unwrap();
+        let (c, _) = Config::load(&p, true).unwrap();
+        assert_eq!(c.database_path, dir.path().join("./db/x.db"));
+        assert_eq!(c.pipeline_config_dir, PathBuf::from("/abs"));
+    }
+}

@@ -1,0 +1,112 @@
+//! One branch of a parallel group or fan-out, run as its own task: recorded
+//! `running` before its executor is called and recorded finished the moment it
+//! ends, independently of its siblings.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::records::{self, NewRecord};
+use super::step::{call_once, CallFailure, CallSpec};
+use super::{Engine, Error};
+use crate::pipeline::{Action, Pipeline};
+use crate::run::{StepOutput, Usage};
+use crate::store::Write;
+
+/// One branch to execute, owning what it needs so it can run as its own task.
+pub(super) struct BranchJob {
+    pub(super) engine: Arc<Engine>,
+    pub(super) pipeline: Arc<Pipeline>,
+    pub(super) run_id: String,
+    pub(super) group: String,
+    pub(super) path: String,
+    pub(super) index: u32,
+    pub(super) kind: &'static str,
+    pub(super) action: Action,
+    pub(super) ctx: minijinja::Value,
+    pub(super) attempt: u32,
+}
+
+pub(super) struct BranchDone {
+    pub(super) pos: usize,
+    pub(super) output: Value,
+    pub(super) confidence: f64,
+    pub(super) failed: bool,
+    pub(super) usage: Usage,
+}
+
+pub(super) enum BranchEnd {
+    Done(BranchDone),
+    Drained,
+}
+
+impl BranchJob {
+    pub(super) async fn run(self, pos: usize) -> Result<BranchEnd, Error> {
+        let now = self.engine.now_ms();
+        let mut rec = records::running(NewRecord {
+            run_id: &self.run_id,
+            path: &self.path,
+            index: self.index,
+            kind: self.kind,
+            action: Some(&self.action),
+            started_at: now,
+            attempt: self.attempt,
+            iteration: 1,
+        });
+        self.engine
+            .store
+            .commit(vec![Write::UpsertStep(rec.clone())])
+            .await?;
+        let key = records::idempotency_key(&self.run_id, &self.path, 1);
+        let result = call_once(CallSpec {
+            rs_engine: &self.engine,
+            pipeline: &self.pipeline,
+            run_id: &self.run_id,
+            path: &self.path,
+            key: &key,
+            attempt: self.attempt,
+            action: &self.action,
+            ctx: &self.ctx,
+        })
+        .await;
+        let now = self.engine.now_ms();
+        let (status, output, usage, error) = match result {
+            Ok(o) => ("completed", o.output, o.usage, None),
+            Err(CallFailure::Drained) => return Ok(BranchEnd::Drained),
+            Err(CallFailure::Error(msg)) => {
+                let mut out = StepOutput::failed(&msg);
+                out.extra.insert("failed".into(), Value::Bool(true));
+                ("failed", out, Usage::default(), Some(msg))
+            }
+        };
+        records::finish(&mut rec, status, &output, &usage, error.clone(), now);
+        let (name, level) = if error.is_none() {
+            ("branch_completed", "info")
+        } else {
+            ("branch_failed", "warn")
+        };
+        let ev = records::event(
+            &self.run_id,
+            now,
+            level,
+            name,
+            format!("Branch {} {status}", self.path),
+            json!({"branch": self.path, "group": self.group, "confidence": output.confidence, "error": error}),
+        );
+        self.engine
+            .store
+            .commit(vec![Write::UpsertStep(rec), ev])
+            .await?;
+        Ok(BranchEnd::Done(BranchDone {
+            pos,
+            confidence: if error.is_some() {
+                0.0
+            } else {
+                output.confidence
+            },
+            output: output.to_json(),
+            failed: error.is_some(),
+            usage,
+        }))
+    }
+}
