@@ -204,3 +204,248 @@ fn group<'a>(
     }
     UnitPlan::Group { branches, items }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::pipeline::{self, PipelineSet};
+
+    /// Loads one pipeline from YAML (mock steps only, so no config is needed).
+    fn pipeline(yaml: &str) -> std::sync::Arc<Pipeline> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        let config = Config {
+            step_library_dir: dir.path().join("no-library"),
+            ..Config::default()
+        };
+        let (set, d): (Option<PipelineSet>, _) = pipeline::load(&[file], &config);
+        set.unwrap_or_else(|| panic!("{d}")).pipelines[0].clone()
+    }
+
+    fn rec(path: &str, status: &str, attempts: u32) -> StepRecord {
+        StepRecord {
+            run_id: "r".into(),
+            step_path: path.into(),
+            step_index: 0,
+            kind: "step".into(),
+            executor: "mock".into(),
+            agent: None,
+            status: status.into(),
+            attempts,
+            iteration: 1,
+            idempotency_key: format!("r:{path}:1"),
+            started_at: 0,
+            finished_at: None,
+            duration_ms: None,
+            primary_confidence: None,
+            effective_confidence: None,
+            output_json: Some(format!(r#"{{"confidence":0.9,"summary":"{path}"}}"#)),
+            error: None,
+            input_tokens: 100,
+            output_tokens: 10,
+            cost_usd: Some(0.01),
+            items_json: None,
+        }
+    }
+
+    const SHAPES: &str = "name: p\ntrigger: {}\ndurable: {on_interrupted: POLICY}\nsteps:\n  - {name: a, executor: mock}\n  - {name: b, executor: mock, on_failure: continue}\n  - parallel:\n      name: g\n      steps:\n        - {name: x, executor: mock}\n        - {name: y, executor: mock}\n        - {name: z, executor: mock}\n  - fan_out: {name: fo, over: '[1, 2, 3]', executor: mock}\n  - {name: h, executor: mock}\n";
+
+    fn shapes(policy: &str) -> std::sync::Arc<Pipeline> {
+        pipeline(&SHAPES.replace("POLICY", policy))
+    }
+
+    fn check(
+        policy: &str,
+        records: &[StepRecord],
+        units: &[&str],
+        in_flight: &[&str],
+        steps_skipped: usize,
+        branches_skipped: usize,
+    ) {
+        let p = shapes(policy);
+        let plan = plan(&p, records);
+        let got: Vec<&str> = plan
+            .units
+            .iter()
+            .map(|u| match u {
+                UnitPlan::NotStarted => "not_started",
+                UnitPlan::Kept { .. } => "kept",
+                UnitPlan::Terminal { .. } => "terminal",
+                UnitPlan::InFlight(InFlight::Rerun { .. }) => "rerun",
+                UnitPlan::InFlight(InFlight::Escalate) => "escalate",
+                UnitPlan::Waiting => "waiting",
+                UnitPlan::Group { .. } => "group",
+            })
+            .collect();
+        assert_eq!(got, units, "units for {records:?}");
+        assert_eq!(plan.in_flight, in_flight);
+        assert_eq!(plan.steps_skipped, steps_skipped);
+        assert_eq!(plan.branches_skipped, branches_skipped);
+    }
+
+    #[test]
+    fn a_fresh_run_plans_nothing_kept() {
+        check("rerun", &[], &["not_started"; 5], &[], 0, 0);
+        assert!(plan(&shapes("rerun"), &[]).is_fresh());
+    }
+
+    #[test]
+    fn units_by_record_status() {
+        let done = rec("a", "completed", 1);
+        // Completed and continued-failure steps are kept; the in-flight one follows the policy.
+        check(
+            "rerun",
+            &[done.clone(), rec("b", "running", 1)],
+            &["kept", "rerun", "not_started", "not_started", "not_started"],
+            &["b"],
+            1,
+            0,
+        );
+        check(
+            "escalate",
+            &[done.clone(), rec("b", "running", 1)],
+            &[
+                "kept",
+                "escalate",
+                "not_started",
+                "not_started",
+                "not_started",
+            ],
+            &["b"],
+            1,
+            0,
+        );
+        check(
+            "rerun",
+            &[done.clone(), rec("b", "failed", 1)],
+            &["kept", "kept", "not_started", "not_started", "not_started"],
+            &[],
+            2,
+            0,
+        );
+        check(
+            "rerun",
+            &[rec("a", "skipped", 0)],
+            &[
+                "kept",
+                "not_started",
+                "not_started",
+                "not_started",
+                "not_started",
+            ],
+            &[],
+            1,
+            0,
+        );
+        // A unit that ended the run but whose run was not closed is closed, never passed.
+        check(
+            "rerun",
+            &[rec("a", "escalated", 1)],
+            &[
+                "terminal",
+                "not_started",
+                "not_started",
+                "not_started",
+                "not_started",
+            ],
+            &[],
+            0,
+            0,
+        );
+        check(
+            "rerun",
+            &[rec("a", "failed", 1)],
+            &[
+                "terminal",
+                "not_started",
+                "not_started",
+                "not_started",
+                "not_started",
+            ],
+            &[],
+            0,
+            0,
+        );
+        check(
+            "rerun",
+            &[rec("a", "waiting", 1)],
+            &[
+                "waiting",
+                "not_started",
+                "not_started",
+                "not_started",
+                "not_started",
+            ],
+            &[],
+            0,
+            0,
+        );
+    }
+
+    #[test]
+    fn rerun_uses_the_next_attempt() {
+        let p = shapes("rerun");
+        let plan = plan(&p, &[rec("a", "running", 3)]);
+        assert_eq!(
+            plan.units[0],
+            UnitPlan::InFlight(InFlight::Rerun { attempt: 4 })
+        );
+        assert_eq!(plan.units[1], UnitPlan::NotStarted);
+    }
+
+    #[test]
+    fn partial_groups_list_kept_in_flight_and_missing_branches() {
+        let mut records = vec![
+            rec("a", "completed", 1),
+            rec("b", "completed", 1),
+            rec("g", "running", 1),
+        ];
+        records.push(rec("g/x", "completed", 1));
+        records.push(rec("g/y", "running", 1));
+        let mut fo = rec("fo", "running", 1);
+        fo.items_json = Some("[1, 2, 3]".into());
+        let p = shapes("escalate");
+        let plan = plan(&p, &records);
+        let UnitPlan::Group { branches, items } = &plan.units[2] else {
+            panic!("{:?}", plan.units[2])
+        };
+        assert!(items.is_none());
+        assert!(matches!(branches[0], BranchPlan::Kept { .. }));
+        assert_eq!(branches[1], BranchPlan::InFlight(InFlight::Escalate));
+        assert_eq!(branches[2], BranchPlan::NotStarted);
+        assert_eq!(plan.in_flight, vec!["g/y".to_string()]);
+        assert_eq!(plan.branches_skipped, 1);
+
+        // The fan-out's item list comes from its record, not from re-rendering `over`.
+        let mut records = records.clone();
+        records[2].status = "completed".into();
+        records.push(fo);
+        records.push(rec("fo/1", "completed", 1));
+        let plan = super::plan(&shapes("rerun"), &records);
+        assert!(matches!(plan.units[2], UnitPlan::Kept { .. }));
+        let UnitPlan::Group { branches, items } = &plan.units[3] else {
+            panic!("{:?}", plan.units[3])
+        };
+        assert_eq!(items.as_ref().map(Vec::len), Some(3));
+        assert_eq!(branches.len(), 3);
+        assert_eq!(branches[0], BranchPlan::NotStarted);
+        assert!(matches!(branches[1], BranchPlan::Kept { .. }));
+    }
+
+    #[test]
+    fn budget_carries_every_recorded_usage() {
+        let plan = plan(
+            &shapes("rerun"),
+            &[
+                rec("a", "completed", 1),
+                rec("b", "completed", 1),
+                rec("g/x", "completed", 1),
+            ],
+        );
+        assert_eq!(plan.usage.input_tokens, 300);
+        assert_eq!(plan.usage.output_tokens, 30);
+        assert!((plan.usage.cost_usd.unwrap_or(0.0) - 0.03).abs() < 1e-9);
+    }
+}
