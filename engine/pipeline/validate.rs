@@ -496,7 +496,7 @@ fn schedule(n: &Node, d: &mut Diagnostics) -> Option<Schedule> {
         d,
     )?;
     let cron = o.req_str(d, "cron")?;
-    if let Err(e) = croner::Cron::new(&cron).parse() {
+    if let Err(e) = croner::Cron::new(&cron).with_seconds_optional().parse() {
         let node = o.get("cron").unwrap_or(n);
         d.error_hint(
             &node.span,
