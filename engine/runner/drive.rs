@@ -229,7 +229,9 @@ pub(super) async fn drive(
             )
             .await;
         }
-        if let Some(end) = settle(&mut rs, entry, *result).await? {
+        // Boxed: inline, `settle` (escalations, notifications) would size every
+        // run's driver, including the thousands parked on human approvals.
+        if let Some(end) = Box::pin(settle(&mut rs, entry, *result)).await? {
             return Ok(end);
         }
     }

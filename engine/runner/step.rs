@@ -61,7 +61,11 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
     };
     let fut = async {
         match spec.action.executor {
-            ExecutorKind::Pipeline => super::subpipeline::run(spec.rs_engine, &call).await,
+            // Boxed: inline, this rarely used future would size every running step
+            // (and every run parked on a human approval) after itself.
+            ExecutorKind::Pipeline => {
+                Box::pin(super::subpipeline::run(spec.rs_engine, &call)).await
+            }
             ExecutorKind::Human => super::human::run(spec.rs_engine, &call).await,
             kind => match spec.rs_engine.executors.get(kind) {
                 Some(ex) => ex

@@ -15,7 +15,6 @@
 //! anywhere: they are decided on the approvals page or auto-approved at the deadline.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use rand::RngCore;
 use serde_json::json;
@@ -23,11 +22,12 @@ use serde_json::json;
 use super::records::event;
 use super::step::CallFailure;
 use super::Engine;
-use crate::executor::{Call, Outcome};
-use crate::run::{StepOutput, Usage};
+use crate::executor::{BoxFuture, Call, Outcome};
 use crate::store::{ApprovalRecord, Write};
+use wait::Waiting;
 
 mod delivery;
+mod wait;
 
 /// An unguessable approval token: 128 random bits, hex.
 pub fn new_token() -> String {
@@ -40,7 +40,24 @@ fn fail(msg: impl Into<String>) -> CallFailure {
     CallFailure::Error(msg.into())
 }
 
-pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome, CallFailure> {
+/// Requests (or re-arms) the approval, then waits for its outcome.
+///
+/// Boxed, and so is the request, so that a parked step costs its caller a pointer
+/// and the wait only its small state: with thousands of runs waiting, the size of
+/// every waiting future is what the process's memory is made of.
+pub(super) fn run<'a>(
+    engine: &'a Arc<Engine>,
+    call: &'a Call<'a>,
+) -> BoxFuture<'a, Result<Outcome, CallFailure>> {
+    Box::pin(async move {
+        let waiting = Box::pin(request(engine, call)).await?;
+        wait::wait(engine, call, waiting).await
+    })
+}
+
+/// Finds the approval this step waits on (re-arming it after a restart) or creates
+/// and commits a new one, and starts its delivery.
+async fn request(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Waiting, CallFailure> {
     let now = engine.now_ms();
     let run = engine
         .store
@@ -137,7 +154,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
             a
         }
     };
-    wait(engine, call, &approval).await
+    Ok(Waiting::of(&approval))
 }
 
 /// The step record's `waiting` state, keeping its identity fields.
@@ -167,136 +184,5 @@ fn used(engine: &Engine, token: &str) -> bool {
     match engine.approvals_used.lock() {
         Ok(set) => set.contains(token),
         Err(p) => p.into_inner().contains(token),
-    }
-}
-
-async fn wait(
-    engine: &Arc<Engine>,
-    call: &Call<'_>,
-    a: &ApprovalRecord,
-) -> Result<Outcome, CallFailure> {
-    let result = wait_for_outcome(engine, call, a).await;
-    if !matches!(result, Err(CallFailure::Drained)) {
-        let mut set = match engine.approvals_used.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
-        set.insert(a.token.clone());
-        // Nobody waits on this token any more; a late decision recreates the entry.
-        match engine.approval_signals.lock() {
-            Ok(mut m) => m.remove(&a.token),
-            Err(p) => p.into_inner().remove(&a.token),
-        };
-    }
-    result
-}
-
-async fn wait_for_outcome(
-    engine: &Arc<Engine>,
-    call: &Call<'_>,
-    a: &ApprovalRecord,
-) -> Result<Outcome, CallFailure> {
-    let signal = engine.approval_signal(&a.token);
-    loop {
-        // Register for a wake-up before reading, so a decision between the read and
-        // the wait is not missed.
-        let notified = signal.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if engine.is_shutting_down() {
-            return Err(CallFailure::Drained);
-        }
-        if engine.is_cancelled(call.run_id) {
-            return Err(fail("run cancelled while waiting for approval"));
-        }
-        let current = engine
-            .store
-            .approval(&a.token)
-            .map_err(|e| fail(e.to_string()))?
-            .ok_or_else(|| fail("approval vanished"))?;
-        let by = current
-            .decided_by
-            .clone()
-            .unwrap_or_else(|| "unknown".into());
-        match current.status.as_str() {
-            "approved" => return Ok(decided(true, &by, &a.token)),
-            "rejected" => return Ok(decided(false, &by, &a.token)),
-            "closed" => return Err(fail("approval closed")),
-            "timeout" => return Err(fail("Human approval timed out")),
-            _ => {}
-        }
-        let now = engine.now_ms();
-        if now >= a.deadline_at {
-            let testing = a.stage == "testing";
-            let status = if testing { "approved" } else { "timeout" };
-            let decide = Write::DecideApproval {
-                token: a.token.clone(),
-                status: status.into(),
-                by: Some("deadline".into()),
-                at: now,
-            };
-            let ev = event(
-                call.run_id,
-                now,
-                "warn",
-                "approval_timed_out",
-                format!(
-                    "Approval for {} passed its deadline{}",
-                    call.step_path,
-                    if testing {
-                        "; auto-approved (testing stage)"
-                    } else {
-                        ""
-                    }
-                ),
-                json!({"step": call.step_path, "token": a.token, "auto_approved": testing}),
-            );
-            let outcomes = engine
-                .store
-                .commit(vec![decide, ev])
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            if matches!(
-                outcomes.first(),
-                Some(crate::store::Outcome::ApprovalDecided)
-            ) {
-                crate::telemetry::approval_decided(call.pipeline, "timeout");
-                engine.refresh_approvals_gauge();
-                crate::telegram::announce_decided(engine, &a.token);
-                if testing {
-                    return Ok(decided(true, "deadline (testing stage)", &a.token));
-                }
-                let secs = (a.deadline_at - a.created_at) / 1000;
-                return Err(fail(format!("Human approval timed out after {secs}s")));
-            }
-            continue; // Someone decided at the last moment: read it.
-        }
-        let left = Duration::from_millis((a.deadline_at - now).max(0) as u64);
-        let mut shutdown = engine.shutdown_signal();
-        tokio::select! {
-            _ = tokio::time::sleep(left.min(Duration::from_secs(5))) => {}
-            _ = &mut notified => {}
-            _ = shutdown.changed() => {}
-        }
-    }
-}
-
-fn decided(approved: bool, by: &str, token: &str) -> Outcome {
-    let mut output = if approved {
-        StepOutput::new(1.0, format!("Approved by {by}"))
-    } else {
-        StepOutput::new(0.0, format!("Rejected by {by}"))
-    };
-    output.next_step_context = if approved {
-        "Human reviewed and approved this step.".into()
-    } else {
-        "Human rejected this step.".into()
-    };
-    output.extra.insert("approved".into(), json!(approved));
-    output.extra.insert("decided_by".into(), json!(by));
-    output.extra.insert("token".into(), json!(token));
-    Outcome {
-        output,
-        usage: Usage::default(),
     }
 }

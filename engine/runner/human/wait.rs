@@ -1,0 +1,203 @@
+//! The wait itself: until the approval is decided, its deadline passes, the run is
+//! cancelled or the process shuts down.
+//!
+//! Thousands of runs can sit here at once, so a wait holds only what it needs (the
+//! token and the deadline), not the approval row, and it wakes on the approval's
+//! signal rather than by polling; the periodic re-read is only a safety net.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::super::records::event;
+use super::super::step::CallFailure;
+use super::super::Engine;
+use super::fail;
+use crate::executor::{Call, Outcome};
+use crate::run::{StepOutput, Usage};
+use crate::store::{ApprovalRecord, Write};
+
+/// How often a waiter re-reads its row even without a wake-up. Every decision in
+/// this process signals the waiter, so this only bounds the damage of a missed one.
+const SAFETY_NET: Duration = Duration::from_secs(60);
+
+/// What a waiting step keeps of its approval.
+pub(super) struct Waiting {
+    pub token: String,
+    pub created_at: i64,
+    pub deadline_at: i64,
+    pub testing: bool,
+}
+
+impl Waiting {
+    pub fn of(a: &ApprovalRecord) -> Waiting {
+        Waiting {
+            token: a.token.clone(),
+            created_at: a.created_at,
+            deadline_at: a.deadline_at,
+            testing: a.stage == "testing",
+        }
+    }
+}
+
+/// Waits for the outcome; an outcome (not a drain) marks the approval as used, so
+/// a retry or the next loop iteration of the step asks again.
+pub(super) async fn wait(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+    w: Waiting,
+) -> Result<Outcome, CallFailure> {
+    let result = outcome(engine, call, &w).await;
+    if !matches!(result, Err(CallFailure::Drained)) {
+        lock(&engine.approvals_used).insert(w.token.clone());
+        // Nobody waits on this token any more; a late decision recreates the entry.
+        lock(&engine.approval_signals).remove(&w.token);
+    }
+    result
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// The recorded status, if the approval is no longer pending.
+enum Seen {
+    Pending,
+    Done(Result<Outcome, CallFailure>),
+}
+
+fn read(engine: &Engine, w: &Waiting) -> Result<Seen, CallFailure> {
+    let current = engine
+        .store
+        .approval(&w.token)
+        .map_err(|e| fail(e.to_string()))?
+        .ok_or_else(|| fail("approval vanished"))?;
+    let by = current.decided_by.as_deref().unwrap_or("unknown");
+    Ok(Seen::Done(match current.status.as_str() {
+        "approved" => Ok(decided(true, by, &w.token)),
+        "rejected" => Ok(decided(false, by, &w.token)),
+        "closed" => Err(fail("approval closed")),
+        "timeout" => Err(fail("Human approval timed out")),
+        _ => return Ok(Seen::Pending),
+    }))
+}
+
+async fn outcome(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+    w: &Waiting,
+) -> Result<Outcome, CallFailure> {
+    let signal = engine.approval_signal(&w.token);
+    let mut shutdown = engine.shutdown_signal();
+    loop {
+        // Register for a wake-up before reading, so a decision between the read and
+        // the wait is not missed.
+        let notified = signal.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if engine.is_shutting_down() {
+            return Err(CallFailure::Drained);
+        }
+        if engine.is_cancelled(call.run_id) {
+            return Err(fail("run cancelled while waiting for approval"));
+        }
+        if let Seen::Done(r) = read(engine, w)? {
+            return r;
+        }
+        let now = engine.now_ms();
+        if now >= w.deadline_at {
+            match deadline(engine, call, w, now).await? {
+                Some(r) => return r,
+                None => continue, // Someone decided at the last moment: read it.
+            }
+        }
+        let left = Duration::from_millis((w.deadline_at - now).max(0) as u64);
+        tokio::select! {
+            _ = tokio::time::sleep(left.min(SAFETY_NET)) => {}
+            _ = &mut notified => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+/// Records the deadline's decision: `timeout` in production, auto-approval in
+/// testing. `None` when a decision was recorded first.
+async fn deadline(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+    w: &Waiting,
+    now: i64,
+) -> Result<Option<Result<Outcome, CallFailure>>, CallFailure> {
+    let status = if w.testing { "approved" } else { "timeout" };
+    let decide = Write::DecideApproval {
+        token: w.token.clone(),
+        status: status.into(),
+        by: Some("deadline".into()),
+        at: now,
+    };
+    let suffix = if w.testing {
+        "; auto-approved (testing stage)"
+    } else {
+        ""
+    };
+    let ev = event(
+        call.run_id,
+        now,
+        "warn",
+        "approval_timed_out",
+        format!(
+            "Approval for {} passed its deadline{suffix}",
+            call.step_path
+        ),
+        json!({"step": call.step_path, "token": w.token, "auto_approved": w.testing}),
+    );
+    let outcomes = engine
+        .store
+        .commit(vec![decide, ev])
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    if !matches!(
+        outcomes.first(),
+        Some(crate::store::Outcome::ApprovalDecided)
+    ) {
+        return Ok(None);
+    }
+    crate::telemetry::approval_decided(call.pipeline, "timeout");
+    engine.refresh_approvals_gauge();
+    crate::telegram::announce_decided(engine, &w.token);
+    if w.testing {
+        return Ok(Some(Ok(decided(
+            true,
+            "deadline (testing stage)",
+            &w.token,
+        ))));
+    }
+    let secs = (w.deadline_at - w.created_at) / 1000;
+    Ok(Some(Err(fail(format!(
+        "Human approval timed out after {secs}s"
+    )))))
+}
+
+fn decided(approved: bool, by: &str, token: &str) -> Outcome {
+    let mut output = if approved {
+        StepOutput::new(1.0, format!("Approved by {by}"))
+    } else {
+        StepOutput::new(0.0, format!("Rejected by {by}"))
+    };
+    output.next_step_context = if approved {
+        "Human reviewed and approved this step.".into()
+    } else {
+        "Human rejected this step.".into()
+    };
+    output.extra.insert("approved".into(), json!(approved));
+    output.extra.insert("decided_by".into(), json!(by));
+    output.extra.insert("token".into(), json!(token));
+    Outcome {
+        output,
+        usage: Usage::default(),
+    }
+}
