@@ -59,11 +59,6 @@ pub(super) fn run<'a>(
 /// and commits a new one, and starts its delivery.
 async fn request(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Waiting, CallFailure> {
     let now = engine.now_ms();
-    let run = engine
-        .store
-        .run(call.run_id)
-        .map_err(|e| fail(e.to_string()))?
-        .ok_or_else(|| fail("run vanished"))?;
     // The newest row of this step is the one an interrupted wait was waiting on,
     // unless this process already used its outcome.
     let existing = engine
@@ -73,88 +68,108 @@ async fn request(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Waiting, CallF
         .into_iter()
         .rfind(|a| a.step_path == call.step_path)
         .filter(|a| a.status != "closed" && !used(engine, &a.token));
-    let approval = match existing {
-        Some(a) => {
-            let msg = if a.status == "pending" {
-                format!(
-                    "Re-armed approval for {} after restart; the message was not sent again",
-                    call.step_path
-                )
-            } else {
-                format!(
-                    "Approval for {} was decided ({}) while no process was waiting; using that decision",
-                    call.step_path, a.status
-                )
-            };
-            let ev = event(
-                call.run_id,
-                now,
-                "warn",
-                "approval_rearmed",
-                msg,
-                json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "status": a.status}),
-            );
-            engine
-                .store
-                .commit(vec![waiting(engine, call, now), ev])
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            tracing::warn!(run_id = %call.run_id, step = %call.step_path, token = %a.token, "Re-armed human approval after restart; message not re-sent.");
-            if delivery::undelivered(&a) {
-                // The previous process chose a channel but never confirmed a send.
-                delivery::spawn(engine, a.clone());
-            }
-            a
-        }
-        None => {
-            let timeout_ms = (call.action.timeout_seconds.unwrap_or(300.0) * 1000.0) as i64;
-            let production = run.stage != "testing";
-            // The channel is chosen (and stored) with the request, so a restart
-            // before the send completes knows that a message is still owed.
-            let route = delivery::route(&engine.config, run.team.as_deref());
-            let a = ApprovalRecord {
-                token: new_token(),
-                run_id: call.run_id.to_string(),
-                step_path: call.step_path.to_string(),
-                pipeline_name: call.pipeline.to_string(),
-                message: call.prompt.clone(),
-                team: run.team.clone(),
-                stage: run.stage.clone(),
-                channel: production.then(|| route.channel().to_string()),
-                created_at: now,
-                deadline_at: now + timeout_ms,
-                status: "pending".into(),
-                decided_by: None,
-                decided_at: None,
-                delivery_json: None,
-            };
-            let url = delivery::page_url(&engine.config, &a.token);
-            let ev = event(
-                call.run_id,
-                now,
-                "info",
-                "approval_requested",
-                format!("Approval requested for {}: {url}", call.step_path),
-                json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "url": url}),
-            );
-            engine
-                .store
-                .commit(vec![
-                    Write::InsertApproval(a.clone()),
-                    waiting(engine, call, now),
-                    ev,
-                ])
-                .await
-                .map_err(|e| fail(e.to_string()))?;
-            engine.refresh_approvals_gauge();
-            tracing::warn!(target: "vectorstep::approval", run_id = %call.run_id, step = %call.step_path, url = %url, "Approval requested: {}", a.message);
-            if production {
-                delivery::spawn(engine, a.clone());
-            }
-            a
-        }
+    match existing {
+        Some(a) => rearm(engine, call, a, now).await,
+        None => create(engine, call, now).await,
+    }
+}
+
+/// After a restart every waiting run comes through here at once, so it reads and
+/// keeps as little as it can: the row is reduced to its wait state before the
+/// commit, and kept whole only when its message is still owed.
+async fn rearm(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+    a: ApprovalRecord,
+    now: i64,
+) -> Result<Waiting, CallFailure> {
+    let msg = if a.status == "pending" {
+        format!(
+            "Re-armed approval for {} after restart; the message was not sent again",
+            call.step_path
+        )
+    } else {
+        format!(
+            "Approval for {} was decided ({}) while no process was waiting; using that decision",
+            call.step_path, a.status
+        )
     };
-    Ok(Waiting::of(&approval))
+    let ev = event(
+        call.run_id,
+        now,
+        "warn",
+        "approval_rearmed",
+        msg,
+        json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "status": a.status}),
+    );
+    let w = Waiting::of(&a);
+    // The previous process chose a channel but never confirmed a send.
+    let owed = delivery::undelivered(&a).then_some(a);
+    engine
+        .store
+        .commit(vec![waiting(engine, call, now), ev])
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    tracing::warn!(run_id = %call.run_id, step = %call.step_path, token = %w.token, "Re-armed human approval after restart; message not re-sent.");
+    if let Some(a) = owed {
+        delivery::spawn(engine, a);
+    }
+    Ok(w)
+}
+
+async fn create(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Result<Waiting, CallFailure> {
+    let (team, stage) = engine
+        .store
+        .run(call.run_id)
+        .map_err(|e| fail(e.to_string()))?
+        .map(|r| (r.team, r.stage))
+        .ok_or_else(|| fail("run vanished"))?;
+    let timeout_ms = (call.action.timeout_seconds.unwrap_or(300.0) * 1000.0) as i64;
+    let production = stage != "testing";
+    // The channel is chosen (and stored) with the request, so a restart before the
+    // send completes knows that a message is still owed.
+    let route = delivery::route(&engine.config, team.as_deref());
+    let a = ApprovalRecord {
+        token: new_token(),
+        run_id: call.run_id.to_string(),
+        step_path: call.step_path.to_string(),
+        pipeline_name: call.pipeline.to_string(),
+        message: call.prompt.clone(),
+        team,
+        stage,
+        channel: production.then(|| route.channel().to_string()),
+        created_at: now,
+        deadline_at: now + timeout_ms,
+        status: "pending".into(),
+        decided_by: None,
+        decided_at: None,
+        delivery_json: None,
+    };
+    let url = delivery::page_url(&engine.config, &a.token);
+    let ev = event(
+        call.run_id,
+        now,
+        "info",
+        "approval_requested",
+        format!("Approval requested for {}: {url}", call.step_path),
+        json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "url": url}),
+    );
+    engine
+        .store
+        .commit(vec![
+            Write::InsertApproval(a.clone()),
+            waiting(engine, call, now),
+            ev,
+        ])
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    engine.refresh_approvals_gauge();
+    tracing::warn!(target: "vectorstep::approval", run_id = %call.run_id, step = %call.step_path, url = %url, "Approval requested: {}", a.message);
+    let w = Waiting::of(&a);
+    if production {
+        delivery::spawn(engine, a);
+    }
+    Ok(w)
 }
 
 /// The step record's `waiting` state, keeping its identity fields.

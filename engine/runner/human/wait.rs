@@ -64,25 +64,20 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     }
 }
 
-/// The recorded status, if the approval is no longer pending.
-enum Seen {
-    Pending,
-    Done(Result<Outcome, CallFailure>),
-}
-
-fn read(engine: &Engine, w: &Waiting) -> Result<Seen, CallFailure> {
+/// The step's outcome if the approval is no longer pending, `None` while it is.
+fn read(engine: &Engine, w: &Waiting) -> Result<Option<Result<Outcome, CallFailure>>, CallFailure> {
     let current = engine
         .store
         .approval(&w.token)
         .map_err(|e| fail(e.to_string()))?
         .ok_or_else(|| fail("approval vanished"))?;
     let by = current.decided_by.as_deref().unwrap_or("unknown");
-    Ok(Seen::Done(match current.status.as_str() {
+    Ok(Some(match current.status.as_str() {
         "approved" => Ok(decided(true, by, &w.token)),
         "rejected" => Ok(decided(false, by, &w.token)),
         "closed" => Err(fail("approval closed")),
         "timeout" => Err(fail("Human approval timed out")),
-        _ => return Ok(Seen::Pending),
+        _ => return Ok(None),
     }))
 }
 
@@ -105,7 +100,7 @@ async fn outcome(
         if engine.is_cancelled(call.run_id) {
             return Err(fail("run cancelled while waiting for approval"));
         }
-        if let Seen::Done(r) = read(engine, w)? {
+        if let Some(r) = read(engine, w)? {
             return r;
         }
         let now = engine.now_ms();
