@@ -18,9 +18,17 @@ use crate::executor::{Call, Outcome};
 use crate::run::{StepOutput, Usage};
 use crate::store::{ApprovalRecord, Write};
 
-/// How often a waiter re-reads its row even without a wake-up. Every decision in
-/// this process signals the waiter, so this only bounds the damage of a missed one.
-const SAFETY_NET: Duration = Duration::from_secs(60);
+/// How many re-reads per second all waiters together may cost. A waiter re-reads
+/// its row without a wake-up only to notice decisions made by another process on
+/// the same store (a `vectorstep run` waiting while `serve` takes the decision);
+/// decisions in this process signal it at once. So the interval is 5 s with few
+/// waiters and stretches to 60 s as they grow to thousands.
+const REREADS_PER_SECOND: usize = 200;
+
+fn safety_net(engine: &Engine) -> Duration {
+    let waiters = lock(&engine.approval_signals).len();
+    Duration::from_secs((waiters / REREADS_PER_SECOND).clamp(5, 60) as u64)
+}
 
 /// What a waiting step keeps of its approval.
 pub(super) struct Waiting {
@@ -112,7 +120,7 @@ async fn outcome(
         }
         let left = Duration::from_millis((w.deadline_at - now).max(0) as u64);
         tokio::select! {
-            _ = tokio::time::sleep(left.min(SAFETY_NET)) => {}
+            _ = tokio::time::sleep(left.min(safety_net(engine))) => {}
             _ = &mut notified => {}
             _ = shutdown.changed() => {}
         }
