@@ -276,6 +276,17 @@ async fn handle(
         None => {}
     }
     match method.as_str() {
+        // Like Telegram, refuse HTML it cannot parse.
+        "sendMessage" | "editMessageText"
+            if params["parse_mode"] == "HTML"
+                && params["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("<none>")) =>
+        {
+            let description = "Bad Request: can't parse entities: Unsupported start tag \"none\" at byte offset 0";
+            let body = json!({"ok": false, "error_code": 400, "description": description});
+            (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+        }
         "sendMessage" => {
             let id = st.next_message_id.fetch_add(1, Ordering::SeqCst);
             let chat = params["chat_id"].as_i64().unwrap_or(CHAT);
