@@ -66,7 +66,7 @@ impl BranchJob {
             key: &key,
             attempt: self.attempt,
             action: &self.action,
-            ctx: &self.ctx,
+            ctx: self.ctx,
         })
         .await;
         let now = self.engine.now_ms();

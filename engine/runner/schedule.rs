@@ -18,7 +18,10 @@ fn kv_key(pipeline: &str) -> String {
 
 /// The next tick strictly after `after`.
 pub fn next_tick(cron: &str, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    let c = croner::Cron::new(cron).with_seconds_optional().parse().ok()?;
+    let c = croner::Cron::new(cron)
+        .with_seconds_optional()
+        .parse()
+        .ok()?;
     c.find_next_occurrence(&after, false).ok()
 }
 

@@ -31,22 +31,26 @@ pub(super) struct CallSpec<'a> {
     pub key: &'a str,
     pub attempt: u32,
     pub action: &'a Action,
-    pub ctx: &'a minijinja::Value,
+    /// Owned, and dropped once the templates are rendered: a step parked on a
+    /// long wait (a human approval) must not keep its whole context alive.
+    pub ctx: minijinja::Value,
 }
 
 /// Renders the action's templates and calls its executor once, within its timeout.
 pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure> {
     let templates = &spec.pipeline.templates;
+    let ctx = spec.ctx;
     let prompt = templates
-        .render(&spec.action.prompt, spec.ctx)
+        .render(&spec.action.prompt, &ctx)
         .map_err(|e| CallFailure::Error(format!("template error: {e}")))?;
     let mut rendered = BTreeMap::new();
     for (pointer, t) in &spec.action.config_templates {
         let text = templates
-            .render(t, spec.ctx)
+            .render(t, &ctx)
             .map_err(|e| CallFailure::Error(format!("template error: {e}")))?;
         rendered.insert(pointer.clone(), text);
     }
+    drop(ctx);
     let timeout = spec.action.timeout_seconds.map(Duration::from_secs_f64);
     let call = Call {
         run_id: spec.run_id,
@@ -165,10 +169,11 @@ pub(super) async fn run(
             prior_confidence: prior.as_ref().map(|p| p.0),
             prior_output: prior.as_ref().map(|p| p.1.clone()),
         });
-        let ctx = context::to_template_value(rs.context(path, loop_vars.as_ref(), None, None));
         let key = records::idempotency_key(rs.id(), path, iteration);
         let mut outcome = None;
         for try_no in 1..=tries {
+            // Built per attempt and handed over, so nothing holds it during the call.
+            let ctx = context::to_template_value(rs.context(path, loop_vars.as_ref(), None, None));
             let result = call_once(CallSpec {
                 rs_engine: &rs.engine,
                 pipeline: &rs.pipeline,
@@ -177,7 +182,7 @@ pub(super) async fn run(
                 key: &key,
                 attempt,
                 action: &step.action,
-                ctx: &ctx,
+                ctx,
             })
             .await;
             match result {
