@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use serde_json::Value;
 
@@ -74,7 +76,14 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
                 return Ok(2);
             }
         };
+        // On a terminal, a human step of this run is answered right here.
+        let prompter = std::io::stdin()
+            .is_terminal()
+            .then(|| tokio::spawn(answer_on_terminal(engine.clone(), run_id.clone())));
         let end = engine.drive(&run_id, false).await?;
+        if let Some(p) = prompter {
+            p.abort();
+        }
         let status = match end {
             RunEnd::Finished(s) => s,
             RunEnd::Drained => "running".into(),
@@ -215,4 +224,36 @@ pub fn sweep_dry_run(cli: &Cli) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// Asks on the terminal for every approval this run requests, until it ends.
+async fn answer_on_terminal(engine: Arc<Engine>, run_id: String) {
+    let mut asked = std::collections::HashSet::new();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let Ok(list) = engine.store.approvals_of_run(&run_id) else {
+            continue;
+        };
+        for a in list.into_iter().filter(|a| a.status == "pending") {
+            if !asked.insert(a.token.clone()) {
+                continue;
+            }
+            eprintln!(
+                "\napproval needed for {} ({}):\n{}\napprove? [y/N] ",
+                a.step_path,
+                a.pipeline_name,
+                a.message.trim_end()
+            );
+            let line = tokio::task::spawn_blocking(|| {
+                let mut s = String::new();
+                std::io::stdin().read_line(&mut s).map(|_| s)
+            })
+            .await;
+            let approve = matches!(line, Ok(Ok(ref s)) if matches!(s.trim(), "y" | "Y" | "yes"));
+            let by = std::env::var("USER").unwrap_or_else(|_| "terminal".into());
+            if let Err(e) = engine.decide_approval(&a.token, approve, &by).await {
+                eprintln!("could not record the decision: {e}");
+            }
+        }
+    }
 }
