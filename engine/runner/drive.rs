@@ -135,6 +135,11 @@ pub(super) async fn drive(
         Vec::new()
     };
     let plan = plan::plan(&pipeline, &stored);
+    // A parked run lives for as long as its wait: keep only what the loop needs.
+    drop(stored);
+    let mut run = run;
+    run.context_json = String::new();
+    run.payload_json = String::new();
     let mut rs = RunState {
         engine: engine.clone(),
         usage: plan.usage,
