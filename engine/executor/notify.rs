@@ -67,19 +67,7 @@ impl Notify {
     }
 
     async fn webhook(&self, call: &Call<'_>) -> Result<(), Error> {
-        let cfg = &call.action.config;
-        let url = match (
-            call.rendered.get("url"),
-            cfg.get("url").and_then(Value::as_str),
-        ) {
-            (Some(u), _) => u.clone(),
-            (None, Some(u)) => u.to_string(),
-            (None, None) => {
-                return Err(Error::Config(
-                    "the webhook channel needs `executor_config.url`".into(),
-                ))
-            }
-        };
+        let url = http::target_url(call, "the webhook channel")?;
         let body = json!({"text": call.prompt, "run_id": call.run_id, "step": call.step_path});
         self.post(call, &url, &body, "notify webhook").await
     }

@@ -39,18 +39,7 @@ impl Executor for Webhook {
 impl Webhook {
     async fn run(&self, call: Call<'_>) -> Result<Outcome, Error> {
         let cfg = &call.action.config;
-        let url = match (
-            call.rendered.get("url"),
-            cfg.get("url").and_then(Value::as_str),
-        ) {
-            (Some(u), _) => u.clone(),
-            (None, Some(u)) => u.to_string(),
-            (None, None) => {
-                return Err(Error::Config(
-                    "the webhook executor needs `executor_config.url`".into(),
-                ))
-            }
-        };
+        let url = http::target_url(&call, "the webhook executor")?;
         let method = method(cfg)?;
         let own = http::seconds(cfg.get("timeout_seconds").and_then(Value::as_f64));
         let timeout = http::shortest(own, call.timeout).unwrap_or(DEFAULT_TIMEOUT);
