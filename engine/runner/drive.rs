@@ -113,18 +113,31 @@ pub(super) async fn drive(
     run_id: String,
     resume: bool,
 ) -> Result<RunEnd, Error> {
-    let run = engine
-        .store
-        .run(&run_id)?
-        .ok_or_else(|| Error::UnknownRun(run_id.clone()))?;
-    if run.status != "running" {
-        return Ok(RunEnd::Finished(run.status));
-    }
-    let trigger: Normalised =
-        serde_json::from_str(&run.context_json).map_err(|e| Error::CorruptRun {
-            run_id: run_id.clone(),
-            detail: format!("context_json: {e}"),
-        })?;
+    // A run just created by this process starts from what was recorded; anything
+    // else (a resume, or a run created by another process) is read back.
+    let fresh = if resume {
+        None
+    } else {
+        engine.take_fresh(&run_id)
+    };
+    let (mut run, trigger) = match fresh {
+        Some(f) => (f.run, f.trigger),
+        None => {
+            let run = engine
+                .store
+                .run(&run_id)?
+                .ok_or_else(|| Error::UnknownRun(run_id.clone()))?;
+            if run.status != "running" {
+                return Ok(RunEnd::Finished(run.status));
+            }
+            let trigger: Normalised =
+                serde_json::from_str(&run.context_json).map_err(|e| Error::CorruptRun {
+                    run_id: run_id.clone(),
+                    detail: format!("context_json: {e}"),
+                })?;
+            (run, trigger)
+        }
+    };
     let Some(pipeline) = engine.pipeline(&run.pipeline_name) else {
         return Err(Error::UnknownPipeline(run.pipeline_name.clone()));
     };
@@ -137,7 +150,6 @@ pub(super) async fn drive(
     let plan = plan::plan(&pipeline, &stored);
     // A parked run lives for as long as its wait: keep only what the loop needs.
     drop(stored);
-    let mut run = run;
     run.context_json = String::new();
     run.payload_json = String::new();
     let mut rs = RunState {
