@@ -43,6 +43,12 @@ pub struct RunFilter {
 
 const TABLE: &str = "pipeline_runs";
 
+const INSERT: &str = "INSERT INTO pipeline_runs (id, pipeline_name, status, source, team, \
+    stage, triggered_at, completed_at, resumed_at, resume_count, config_fingerprint, \
+    parent_run_id, parent_step_path, dedup_fingerprint, context_json, payload_json, \
+    tokens_used, cost_usd, terminal_step, reason, final_output_json) VALUES (?1, ?2, ?3, \
+    ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)";
+
 const COLUMNS: &str = "id, pipeline_name, status, source, team, stage, triggered_at, \
     completed_at, resumed_at, resume_count, config_fingerprint, parent_run_id, \
     parent_step_path, dedup_fingerprint, context_json, payload_json, tokens_used, cost_usd, \
@@ -76,7 +82,7 @@ impl RunRecord {
     }
 }
 
-/// Looks for a conflicting running run before inserting, rather than catching the
+/// Looks for a conflicting run before inserting, rather than catching the
 /// unique-index violation: a failed statement would force the caller's whole batch to
 /// roll back, while a duplicate is an expected answer, not an error. The writer is the
 /// only writer and holds an IMMEDIATE transaction, so nothing can slip in between.
@@ -85,51 +91,56 @@ pub(super) fn insert_dedup(
     run: &RunRecord,
     window_start: i64,
 ) -> rusqlite::Result<Outcome> {
+    if let Some(outcome) = running_duplicate(conn, run)? {
+        return Ok(outcome);
+    }
     if let Some(fingerprint) = &run.dedup_fingerprint {
+        // Newest first straight off `ix_pipeline_runs_dedup`: no sort, no temp table.
         let recent: Option<(String, String)> = conn
             .prepare_cached(
                 "SELECT id, status FROM pipeline_runs WHERE pipeline_name = ?1 \
-                 AND dedup_fingerprint = ?2 AND (status = 'running' OR triggered_at >= ?3) \
-                 ORDER BY (status = 'running') DESC, triggered_at DESC LIMIT 1",
+                 AND dedup_fingerprint = ?2 AND triggered_at >= ?3 \
+                 ORDER BY triggered_at DESC LIMIT 1",
             )?
             .query_row(params![run.pipeline_name, fingerprint, window_start], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
             .optional()?;
-        match recent {
-            Some((existing_run_id, status)) if status == "running" => {
-                return Ok(Outcome::DuplicateRunning { existing_run_id })
-            }
-            Some((existing_run_id, status)) => {
-                return Ok(Outcome::DuplicateRecent {
-                    existing_run_id,
-                    status,
-                })
-            }
-            None => {}
+        if let Some((existing_run_id, status)) = recent {
+            return Ok(Outcome::DuplicateRecent {
+                existing_run_id,
+                status,
+            });
         }
     }
-    insert(conn, run)
+    insert_row(conn, run)
 }
 
 pub(super) fn insert(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Outcome> {
-    if let (true, Some(fingerprint)) = (run.status == "running", &run.dedup_fingerprint) {
-        let existing: Option<String> = conn
-            .prepare_cached(
-                "SELECT id FROM pipeline_runs WHERE pipeline_name = ?1 \
-                 AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
-            )?
-            .query_row(params![run.pipeline_name, fingerprint], |r| r.get(0))
-            .optional()?;
-        if let Some(existing_run_id) = existing {
-            return Ok(Outcome::DuplicateRunning { existing_run_id });
-        }
+    if let Some(outcome) = running_duplicate(conn, run)? {
+        return Ok(outcome);
     }
-    conn.prepare_cached(&format!(
-        "INSERT INTO pipeline_runs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
-         ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"
-    ))?
-    .execute(params![
+    insert_row(conn, run)
+}
+
+/// A running run of the same pipeline and dedup fingerprint always suppresses a new
+/// running one (the partial unique index would refuse it anyway).
+fn running_duplicate(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Option<Outcome>> {
+    let (true, Some(fingerprint)) = (run.status == "running", &run.dedup_fingerprint) else {
+        return Ok(None);
+    };
+    let existing: Option<String> = conn
+        .prepare_cached(
+            "SELECT id FROM pipeline_runs WHERE pipeline_name = ?1 \
+             AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
+        )?
+        .query_row(params![run.pipeline_name, fingerprint], |r| r.get(0))
+        .optional()?;
+    Ok(existing.map(|existing_run_id| Outcome::DuplicateRunning { existing_run_id }))
+}
+
+fn insert_row(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached(INSERT)?.execute(params![
         run.id,
         run.pipeline_name,
         run.status,

@@ -71,22 +71,25 @@ impl StepRecord {
 /// The whole record replaces the stored one: the run driver always writes the step's
 /// complete current state, so a partial update could only lose information.
 pub(super) fn upsert(conn: &Connection, step: &StepRecord) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(&format!(
-        "INSERT INTO pipeline_steps ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
-         ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) \
-         ON CONFLICT (run_id, step_path) DO UPDATE SET \
-         step_index = excluded.step_index, kind = excluded.kind, \
-         executor = excluded.executor, agent = excluded.agent, status = excluded.status, \
-         attempts = excluded.attempts, iteration = excluded.iteration, \
-         idempotency_key = excluded.idempotency_key, started_at = excluded.started_at, \
-         finished_at = excluded.finished_at, duration_ms = excluded.duration_ms, \
-         primary_confidence = excluded.primary_confidence, \
-         effective_confidence = excluded.effective_confidence, \
-         output_json = excluded.output_json, error = excluded.error, \
-         input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
-         cost_usd = excluded.cost_usd, items_json = excluded.items_json"
-    ))?
-    .execute(params![
+    // Built once: this runs for every step record, thousands of times a second.
+    static UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!(
+            "INSERT INTO pipeline_steps ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+             ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) \
+             ON CONFLICT (run_id, step_path) DO UPDATE SET \
+             step_index = excluded.step_index, kind = excluded.kind, \
+             executor = excluded.executor, agent = excluded.agent, status = excluded.status, \
+             attempts = excluded.attempts, iteration = excluded.iteration, \
+             idempotency_key = excluded.idempotency_key, started_at = excluded.started_at, \
+             finished_at = excluded.finished_at, duration_ms = excluded.duration_ms, \
+             primary_confidence = excluded.primary_confidence, \
+             effective_confidence = excluded.effective_confidence, \
+             output_json = excluded.output_json, error = excluded.error, \
+             input_tokens = excluded.input_tokens, output_tokens = excluded.output_tokens, \
+             cost_usd = excluded.cost_usd, items_json = excluded.items_json"
+        )
+    });
+    conn.prepare_cached(&UPSERT)?.execute(params![
         step.run_id,
         step.step_path,
         step.step_index,
