@@ -126,14 +126,15 @@ pub(super) async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Res
         plan.on_interrupted.as_str()
     );
     let now = rs.now();
-    rs.commit(vec![
+    // Deferred: it rides in the run's next commit, which always comes before any
+    // executor is called (a resume that gets no further is simply not counted).
+    rs.defer(vec![
         rs.ev("warn", "run_resumed", msg, fields),
         Write::MarkResumed {
             run_id: rs.id().to_string(),
             at: now,
         },
-    ])
-    .await?;
+    ]);
     rs.run.resume_count = count;
     crate::telemetry::run_resumed(&rs.pipeline.name);
     Ok(())
