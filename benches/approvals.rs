@@ -83,15 +83,18 @@ impl Setup {
         Setup { config, set, store }
     }
 
+    /// An engine set up as `serve` sets it up (parking runs that wait for a human).
     fn engine(&self, rt: &tokio::runtime::Runtime) -> Arc<Engine> {
         let _guard = rt.enter();
-        Engine::new(
+        let engine = Engine::new(
             self.config.clone(),
             self.set.clone(),
             self.store.clone(),
             Executors::standard(&self.config),
             Arc::new(SystemClock),
-        )
+        );
+        engine.enable_parking();
+        engine
     }
 }
 
@@ -211,9 +214,11 @@ fn restart(label: &str, s: &Setup, rearmed: &AtomicUsize) {
         let t = Instant::now();
         let resumable = sweep::sweep(&engine).await.expect("sweep");
         let swept = t.elapsed();
-        for run in resumable {
-            engine.spawn(run.id, true);
-        }
+        // As `serve` does it.
+        tokio::spawn({
+            let engine = engine.clone();
+            async move { sweep::resume_all(&engine, resumable).await }
+        });
         wait_until("every wait re-armed", Duration::from_secs(120), || {
             rearmed.load(Ordering::Relaxed) >= RUNS
         })

@@ -11,6 +11,10 @@ mod telegram_fake;
 #[path = "approvals_cases/delivery.rs"]
 mod delivery;
 
+/// Runs parked without a task: unparked by decisions, cancellation, deadlines.
+#[path = "approvals_cases/parking.rs"]
+mod parking;
+
 use std::time::{Duration, Instant};
 
 use approvals_support::{fan_out_gate, gate, seconds_between, Harness, APPROVER, STRANGER};

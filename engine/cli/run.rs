@@ -86,7 +86,8 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
         }
         let status = match end {
             RunEnd::Finished(s) => s,
-            RunEnd::Drained => "running".into(),
+            // `run` never enables parking, so Parked cannot come back here.
+            RunEnd::Drained | RunEnd::Parked => "running".into(),
         };
         let run = store.run(&run_id)?.ok_or_else(|| anyhow::anyhow!("run {run_id} vanished"))?;
         let steps = store.steps(&run_id)?;

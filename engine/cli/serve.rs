@@ -39,6 +39,8 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         .build()?;
     rt.block_on(async move {
         let engine = Engine::new(config.clone(), set, store, Executors::standard(&config), Arc::new(SystemClock));
+        // Runs waiting for a human hold no task here (runner::park).
+        engine.enable_parking();
         let state = AppState::new(engine.clone(), Some(metrics));
         let addr = format!("{}:{}", config.server.host, config.server.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
@@ -67,8 +69,11 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         }
         let resumable = sweep::sweep(&engine).await?;
         engine.refresh_approvals_gauge();
-        for run in resumable {
-            engine.spawn(run.id, true);
+        {
+            // In waves, on its own task: readiness does not wait for thousands of
+            // resumes, and they do not all hold their transient state at once.
+            let engine = engine.clone();
+            tokio::spawn(async move { sweep::resume_all(&engine, resumable).await });
         }
         let scheduler = tokio::spawn(vectorstep::runner::schedule::run(engine.clone()));
         // After the sweep, so a press for a run that was just interrupted is answered

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::records::{self, NewRecord};
-use super::step::{call_once, CallFailure, CallSpec};
+use super::step::{call_once, CallFailure, CallSpec, HumanMode};
 use super::{Engine, Error};
 use crate::pipeline::{Action, Pipeline};
 use crate::run::{StepOutput, Usage};
@@ -67,12 +67,16 @@ impl BranchJob {
             attempt: self.attempt,
             action: &self.action,
             ctx: self.ctx,
+            // A branch's human step waits in the group's task: parking is for the
+            // run as a whole, and the other branches may still be running.
+            human: HumanMode::default(),
         })
         .await;
         let now = self.engine.now_ms();
         let (status, output, usage, error) = match result {
             Ok(o) => ("completed", o.output, o.usage, None),
-            Err(CallFailure::Drained) => return Ok(BranchEnd::Drained),
+            // Parked cannot happen (parking is off above); leave it for a restart.
+            Err(CallFailure::Drained | CallFailure::Parked) => return Ok(BranchEnd::Drained),
             Err(CallFailure::Error(msg)) => {
                 let mut out = StepOutput::failed(&msg);
                 out.extra.insert("failed".into(), Value::Bool(true));

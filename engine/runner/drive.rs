@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 
 use super::ending::{announce_resume, close_terminal, finish};
 use super::records::{self, event};
-use super::{outbox, Engine, Error, RunEnd};
+use super::{outbox, DriveMode, Engine, Error, RunEnd};
 use crate::pipeline::{Entry, Pipeline};
 use crate::run::context::{self, ContextInput, ItemVars, LoopVars, Normalised, Outputs};
 use crate::run::flow::{self, UnitStatus};
@@ -32,6 +32,9 @@ pub(super) enum UnitOutcome {
     Done(Box<UnitResult>),
     /// Shutdown arrived while the unit was in flight; it stays `running`.
     Drained,
+    /// The unit waits for a human decision with the run parked (see `park`).
+    /// Everything it needs is committed; the driver must write nothing more.
+    Parked,
 }
 
 /// How a unit starts.
@@ -51,6 +54,12 @@ pub(super) struct RunState {
     pub final_output: Option<Value>,
     /// Writes of finished units not yet committed (see [`RunState::defer`]).
     pub deferred: Vec<Write>,
+    /// Driven again after a parked wait: the waiting step carries on silently.
+    pub unparked: bool,
+    /// Held by a run resumed in a start-up wave until it settles (see
+    /// `sweep::resume_all`): dropped before its first executor call other than a
+    /// human step that parks, or when the driver ends or parks.
+    pub wave: Option<super::sweep::WaveTicket>,
 }
 
 impl RunState {
@@ -111,8 +120,10 @@ impl RunState {
 pub(super) async fn drive(
     engine: Arc<Engine>,
     run_id: String,
-    resume: bool,
+    mode: DriveMode,
+    wave: Option<super::sweep::WaveTicket>,
 ) -> Result<RunEnd, Error> {
+    let resume = mode != DriveMode::New;
     // A run just created by this process starts from what was recorded; anything
     // else (a resume, or a run created by another process) is read back.
     let fresh = if resume {
@@ -161,8 +172,10 @@ pub(super) async fn drive(
         outputs: Outputs::default(),
         final_output: None,
         deferred: Vec::new(),
+        unparked: mode == DriveMode::Unpark,
+        wave,
     };
-    if resume {
+    if mode == DriveMode::Resume {
         announce_resume(&mut rs, &plan).await?;
     }
     for (i, entry) in pipeline.steps.iter().enumerate() {
@@ -181,6 +194,10 @@ pub(super) async fn drive(
             return Ok(RunEnd::Drained);
         }
         let unit_plan = plan.units.get(i).cloned().unwrap_or(UnitPlan::NotStarted);
+        if !matches!(unit_plan, UnitPlan::Kept { .. }) && !super::step::parks(&rs, entry) {
+            // This unit may run for long: the resume wave need not wait for it.
+            rs.wave = None;
+        }
         let outcome = match unit_plan {
             UnitPlan::Kept { output, .. } => {
                 if let Some(o) = output {
@@ -226,6 +243,8 @@ pub(super) async fn drive(
                 rs.flush().await?;
                 return Ok(RunEnd::Drained);
             }
+            // Another driver may already own the run: nothing more is written here.
+            UnitOutcome::Parked => return Ok(RunEnd::Parked),
         };
         if engine.is_cancelled(rs.id()) {
             // The unit's record is kept as it ended; nothing after it runs.

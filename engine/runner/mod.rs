@@ -30,6 +30,7 @@ mod ending;
 mod group;
 mod human;
 pub mod outbox;
+mod park;
 pub mod records;
 pub mod retention;
 pub mod schedule;
@@ -61,10 +62,20 @@ impl Admission {
         let engine = self.engine.take();
         tokio::spawn(async move {
             match engine {
-                Some(e) => e.drive_counted(&run_id, false).await,
+                Some(e) => e.drive_counted(&run_id, DriveMode::New, None).await,
                 None => Err(Error::UnknownRun(run_id)),
             }
         })
+    }
+}
+
+impl DriveMode {
+    fn of(resume: bool) -> DriveMode {
+        if resume {
+            DriveMode::Resume
+        } else {
+            DriveMode::New
+        }
     }
 }
 
@@ -83,6 +94,20 @@ pub enum RunEnd {
     Finished(String),
     /// Shutdown stopped the run at a step boundary; it stays `running` to be resumed.
     Drained,
+    /// The run waits for a human decision without a task (see `park`); it is driven
+    /// again when the decision, the deadline or a cancellation arrives.
+    Parked,
+}
+
+/// Why a run is being driven.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DriveMode {
+    /// Just created by `create_run`: no records yet.
+    New,
+    /// Picked up by the startup sweep: `run_resumed` is logged.
+    Resume,
+    /// Its parked approval was decided, timed out or the run was cancelled.
+    Unpark,
 }
 
 /// The result of asking for a new run.
@@ -124,7 +149,12 @@ pub struct Engine {
     /// Runs `create_run` just recorded and no driver has picked up yet, with their
     /// trigger: the first drive of a new run starts from these instead of reading
     /// back and re-parsing the row it has just written (see `take_fresh`).
-    fresh: Mutex<std::collections::HashMap<String, FreshRun>>,
+    fresh: Mutex<std::collections::HashMap<String, Box<FreshRun>>>,
+    /// Runs parked on approvals (see `park`).
+    parking: Mutex<park::Parking>,
+    parking_changed: tokio::sync::Notify,
+    parking_enabled: std::sync::atomic::AtomicBool,
+    keeper_started: std::sync::atomic::AtomicBool,
 }
 
 /// A run as `create_run` recorded it, without its JSON copies (the driver keeps
@@ -161,6 +191,10 @@ impl Engine {
             approvals_used: Mutex::new(HashSet::new()),
             delivering: Mutex::new(HashSet::new()),
             fresh: Mutex::new(std::collections::HashMap::new()),
+            parking: Mutex::new(park::Parking::default()),
+            parking_changed: tokio::sync::Notify::new(),
+            parking_enabled: std::sync::atomic::AtomicBool::new(false),
+            keeper_started: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -272,7 +306,7 @@ impl Engine {
                 crate::telemetry::run_started(&pipeline.name);
                 tracing::info!(run_id = %id, pipeline = %pipeline.name, source = %fresh.trigger.source, "Run started.");
                 if let Ok(mut map) = self.fresh.lock() {
-                    map.insert(id.clone(), fresh);
+                    map.insert(id.clone(), Box::new(fresh));
                 }
                 Ok(Created::Inserted(id))
             }
@@ -288,23 +322,24 @@ impl Engine {
         resume: bool,
     ) -> crate::executor::BoxFuture<'a, Result<RunEnd, Error>> {
         self.active.fetch_add(1, Ordering::SeqCst);
-        self.drive_counted(run_id, resume)
+        self.drive_counted(run_id, DriveMode::of(resume), None)
     }
 
     /// Drives a run already counted in `active` (by `drive` or an [`Admission`]).
     fn drive_counted<'a>(
         self: &'a Arc<Self>,
         run_id: &'a str,
-        resume: bool,
+        mode: DriveMode,
+        wave: Option<sweep::WaveTicket>,
     ) -> crate::executor::BoxFuture<'a, Result<RunEnd, Error>> {
         // Boxed with an explicit `Send` bound: runs nest (sub-pipelines), and the
         // box breaks the recursive future type.
         Box::pin(async move {
-            crate::telemetry::runs_in_progress(self.active.load(Ordering::SeqCst));
+            self.report_in_progress();
             // Every log line of the run carries its id.
             let span = tracing::info_span!("run", run_id = %run_id);
             let result = tracing::Instrument::instrument(
-                drive::drive(self.clone(), run_id.to_string(), resume),
+                drive::drive(self.clone(), run_id.to_string(), mode, wave),
                 span,
             )
             .await;
@@ -318,12 +353,18 @@ impl Engine {
 
     /// The run `create_run` recorded as `run_id`, if no driver has taken it yet.
     pub(crate) fn take_fresh(&self, run_id: &str) -> Option<FreshRun> {
-        self.fresh.lock().ok()?.remove(run_id)
+        let mut map = self.fresh.lock().ok()?;
+        let taken = map.remove(run_id);
+        if map.is_empty() && map.capacity() > 1024 {
+            // A burst grew the table; do not keep its peak size for the process's life.
+            map.shrink_to_fit();
+        }
+        taken.map(|b| *b)
     }
 
     fn release_slot(&self) {
         let left = self.active.fetch_sub(1, Ordering::SeqCst) - 1;
-        crate::telemetry::runs_in_progress(left);
+        self.report_in_progress();
         if left == 0 {
             self.idle.notify_waiters();
         }
@@ -339,7 +380,27 @@ impl Engine {
         // never see a gap between acceptance and the run being driven.
         self.active.fetch_add(1, Ordering::SeqCst);
         let engine = self.clone();
-        tokio::spawn(async move { engine.drive_counted(&run_id, resume).await })
+        tokio::spawn(async move {
+            engine
+                .drive_counted(&run_id, DriveMode::of(resume), None)
+                .await
+        })
+    }
+
+    /// Starts resuming a run as part of a start-up wave (see `sweep::resume_all`).
+    pub(crate) fn spawn_resume(self: &Arc<Self>, run_id: String, ticket: sweep::WaveTicket) {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let engine = self.clone();
+        tokio::spawn(async move {
+            engine
+                .drive_counted(&run_id, DriveMode::Resume, Some(ticket))
+                .await
+        });
+    }
+
+    /// `runs_in_progress`: runs driven by a task plus runs parked on an approval.
+    fn report_in_progress(&self) {
+        crate::telemetry::runs_in_progress(self.active.load(Ordering::SeqCst) + self.parked_runs());
     }
 
     /// Takes one of `max` run slots, or `None` when all are taken. The slot is
@@ -362,7 +423,7 @@ impl Engine {
     }
 
     /// Asks a run to stop at its next step boundary.
-    pub fn cancel(&self, run_id: &str) {
+    pub fn cancel(self: &Arc<Self>, run_id: &str) {
         if let Ok(mut c) = self.cancelled.lock() {
             c.insert(run_id.to_string());
         }
@@ -372,6 +433,7 @@ impl Engine {
                 self.approval_signal(&a.token).notify_waiters();
             }
         }
+        self.unpark_run(run_id);
     }
 
     pub fn is_cancelled(&self, run_id: &str) -> bool {
@@ -425,7 +487,7 @@ impl Engine {
 
     /// Decides a pending approval; the first decision wins.
     pub async fn decide_approval(
-        &self,
+        self: &Arc<Self>,
         token: &str,
         approve: bool,
         by: &str,
@@ -461,7 +523,9 @@ impl Engine {
             self.store.commit(vec![ev]).await?;
             crate::telemetry::approval_decided(&a.pipeline_name, status);
             self.refresh_approvals_gauge();
-            self.approval_signal(token).notify_waiters();
+            if !self.unpark(token) {
+                self.approval_signal(token).notify_waiters();
+            }
             crate::telegram::announce_decided(self, token);
         }
         Ok(outcome)

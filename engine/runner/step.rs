@@ -20,6 +20,17 @@ pub(super) enum CallFailure {
     Error(String),
     /// Shutdown: the call was not made or its result must not be recorded.
     Drained,
+    /// A human step parked its run (see `park`); its state is committed.
+    Parked,
+}
+
+/// How a human step may wait (other executors ignore it).
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct HumanMode {
+    /// The run may be parked instead of waiting in its task.
+    pub may_park: bool,
+    /// The run was just unparked: the approval is re-armed silently.
+    pub unparked: bool,
 }
 
 /// Everything needed to call an executor once, owned so branches can run in tasks.
@@ -34,6 +45,7 @@ pub(super) struct CallSpec<'a> {
     /// Owned, and dropped once the templates are rendered: a step parked on a
     /// long wait (a human approval) must not keep its whole context alive.
     pub ctx: minijinja::Value,
+    pub human: HumanMode,
 }
 
 /// Renders the action's templates and calls its executor once, within its timeout.
@@ -70,7 +82,7 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
             ExecutorKind::Pipeline => {
                 Box::pin(super::subpipeline::run(spec.rs_engine, &call)).await
             }
-            ExecutorKind::Human => super::human::run(spec.rs_engine, &call).await,
+            ExecutorKind::Human => super::human::run(spec.rs_engine, &call, spec.human).await,
             kind => match spec.rs_engine.executors.get(kind) {
                 Some(ex) => ex
                     .execute(call.clone())
@@ -104,6 +116,30 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
     }
 }
 
+/// Whether this step's wait for a human may park the run: only a top-level step
+/// that asks once (no `retry`, no `loop_until`, whose bookkeeping lives in this
+/// task), in a run no parent awaits, in a process that parks (`serve`).
+fn may_park(rs: &RunState, step: &Step) -> bool {
+    step.action.executor == ExecutorKind::Human
+        && step.loop_until.is_none()
+        && step.retry.as_ref().is_none_or(|r| r.attempts <= 1)
+        && rs.run.parent_run_id.is_none()
+        && rs.engine.parking_enabled()
+}
+
+/// Whether `entry` is a step whose human wait parks the run (see `may_park`).
+pub(super) fn parks(rs: &RunState, entry: &Entry) -> bool {
+    matches!(entry, Entry::Step(s) if may_park(rs, s))
+}
+
+fn stored_started_at(rs: &RunState, path: &str) -> Option<i64> {
+    let steps = rs.engine.store.steps(rs.id()).ok()?;
+    steps
+        .into_iter()
+        .find(|r| r.step_path == path)
+        .map(|r| r.started_at)
+}
+
 pub(super) async fn run(
     rs: &mut RunState,
     i: usize,
@@ -115,7 +151,13 @@ pub(super) async fn run(
         Start::Rerun { attempt } => attempt,
         _ => 1,
     };
-    let started_at = rs.now();
+    // A run unparked on this step continues the wait its records describe: same
+    // start time, no second `step_started`.
+    let unparked = rs.unparked && matches!(start, Start::Rearm);
+    let started_at = match unparked {
+        true => stored_started_at(rs, path).unwrap_or_else(|| rs.now()),
+        false => rs.now(),
+    };
     let mut rec = records::running(NewRecord {
         run_id: rs.id(),
         path,
@@ -128,7 +170,8 @@ pub(super) async fn run(
     });
     let agent = step.action.agent.clone();
     let resumed = matches!(start, Start::Rerun { .. });
-    rs.commit(vec![
+    if !unparked {
+        rs.commit(vec![
         Write::UpsertStep(rec.clone()),
         rs.ev(
             "info",
@@ -138,6 +181,11 @@ pub(super) async fn run(
         ),
     ])
     .await?;
+    }
+    let human = HumanMode {
+        may_park: may_park(rs, step),
+        unparked,
+    };
     let max_iterations = step.loop_until.as_ref().map_or(1, |l| l.max_iterations);
     let tries = step.retry.as_ref().map_or(1, |r| r.attempts);
     let mut usage = Usage::default();
@@ -183,6 +231,7 @@ pub(super) async fn run(
                 attempt,
                 action: &step.action,
                 ctx,
+                human,
             })
             .await;
             match result {
@@ -191,6 +240,7 @@ pub(super) async fn run(
                     break;
                 }
                 Err(CallFailure::Drained) => return Ok(UnitOutcome::Drained),
+                Err(CallFailure::Parked) => return Ok(UnitOutcome::Parked),
                 Err(CallFailure::Error(msg)) => {
                     if try_no == tries {
                         let mut out = StepOutput::failed(&msg);

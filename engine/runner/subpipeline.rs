@@ -66,7 +66,9 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
             let driven = async {
                 match handle.await {
                     Ok(Ok(RunEnd::Finished(_))) => Ok(id.clone()),
-                    Ok(Ok(RunEnd::Drained)) => Err(CallFailure::Drained),
+                    // A child never parks (its parent awaits this task); if it did, the
+                    // parent would be left to the next start like a drained one.
+                    Ok(Ok(RunEnd::Drained | RunEnd::Parked)) => Err(CallFailure::Drained),
                     Ok(Err(e)) => Err(fail(e.to_string())),
                     Err(e) => Err(fail(format!("sub-pipeline task ended abnormally: {e}"))),
                 }

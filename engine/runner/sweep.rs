@@ -142,3 +142,55 @@ pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
     }
     Ok(resume)
 }
+
+/// How many runs a start-up resumes at once. Resuming reads a run's records, plans
+/// it and commits `run_resumed`; with 10,000 runs parked on approvals, starting them
+/// all at once kept every run's transient state alive at the same moment (about
+/// 120 MB) although each ends up parked in a few hundred bytes.
+const RESUME_WAVE: usize = 500;
+
+/// How long a wave may hold back the next: a wave whose runs go on to long steps
+/// (an agent call re-run) does not delay the others by more than this.
+const WAVE_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Counts the runs of a wave that have not settled yet.
+struct Wave {
+    unsettled: std::sync::atomic::AtomicUsize,
+    settled: tokio::sync::Notify,
+}
+
+/// One run's place in a wave; dropping it says the run has settled.
+pub struct WaveTicket(Arc<Wave>);
+
+impl Drop for WaveTicket {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.0.unsettled.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.settled.notify_waiters();
+        }
+    }
+}
+
+/// Resumes `runs` (what [`sweep`] returned) in waves of [`RESUME_WAVE`]: each wave
+/// starts when the previous one has settled (parked, ended, or reached a step that
+/// calls out) or after [`WAVE_PATIENCE`]. Returns once every run has been started.
+pub async fn resume_all(engine: &Arc<Engine>, runs: Vec<RunRecord>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut runs = runs.into_iter().peekable();
+    while runs.peek().is_some() {
+        let batch: Vec<RunRecord> = runs.by_ref().take(RESUME_WAVE).collect();
+        let wave = Arc::new(Wave {
+            unsettled: AtomicUsize::new(batch.len()),
+            settled: tokio::sync::Notify::new(),
+        });
+        let settled = wave.settled.notified();
+        tokio::pin!(settled);
+        settled.as_mut().enable();
+        for run in batch {
+            engine.spawn_resume(run.id, WaveTicket(wave.clone()));
+        }
+        if wave.unsettled.load(Ordering::SeqCst) > 0 {
+            let _ = tokio::time::timeout(WAVE_PATIENCE, settled).await;
+        }
+    }
+}

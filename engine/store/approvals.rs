@@ -157,6 +157,20 @@ impl Store {
         })
     }
 
+    /// Tokens of every approval still pending: only the tokens, so the check for
+    /// decisions made by another process stays cheap with thousands waiting.
+    pub fn pending_approval_tokens(&self) -> Result<Vec<String>, Error> {
+        self.read(|conn| {
+            query_all(
+                conn,
+                TABLE,
+                "SELECT token FROM pending_approvals WHERE status = 'pending'",
+                [],
+                |c| c.get("token"),
+            )
+        })
+    }
+
     /// Oldest first.
     pub fn approvals_of_run(&self, run_id: &str) -> Result<Vec<ApprovalRecord>, Error> {
         self.read(|conn| {

@@ -20,7 +20,7 @@ use rand::RngCore;
 use serde_json::json;
 
 use super::records::event;
-use super::step::CallFailure;
+use super::step::{CallFailure, HumanMode};
 use super::Engine;
 use crate::executor::{BoxFuture, Call, Outcome};
 use crate::store::{ApprovalRecord, Write};
@@ -40,24 +40,33 @@ fn fail(msg: impl Into<String>) -> CallFailure {
     CallFailure::Error(msg.into())
 }
 
-/// Requests (or re-arms) the approval, then waits for its outcome.
+/// Requests (or re-arms) the approval, then parks the run (`serve`) or waits for
+/// its outcome in this task.
 ///
-/// Boxed, and so is the request, so that a parked step costs its caller a pointer
-/// and the wait only its small state: with thousands of runs waiting, the size of
-/// every waiting future is what the process's memory is made of.
+/// Boxed, and so is the request, so that a step waiting in its task costs its
+/// caller a pointer and the wait only its small state.
 pub(super) fn run<'a>(
     engine: &'a Arc<Engine>,
     call: &'a Call<'a>,
+    mode: HumanMode,
 ) -> BoxFuture<'a, Result<Outcome, CallFailure>> {
     Box::pin(async move {
-        let waiting = Box::pin(request(engine, call)).await?;
+        let waiting = Box::pin(request(engine, call, mode.unparked)).await?;
+        if mode.may_park && wait::park(engine, call, &waiting)? {
+            return Err(CallFailure::Parked);
+        }
         wait::wait(engine, call, waiting).await
     })
 }
 
-/// Finds the approval this step waits on (re-arming it after a restart) or creates
-/// and commits a new one, and starts its delivery.
-async fn request(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Waiting, CallFailure> {
+/// Finds the approval this step waits on (re-arming it after a restart, or simply
+/// picking it up again when the run was `unparked`) or creates and commits a new
+/// one, and starts its delivery.
+async fn request(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+    unparked: bool,
+) -> Result<Waiting, CallFailure> {
     let now = engine.now_ms();
     // The newest row of this step is the one an interrupted wait was waiting on,
     // unless this process already used its outcome.
@@ -69,6 +78,8 @@ async fn request(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Waiting, CallF
         .rfind(|a| a.step_path == call.step_path)
         .filter(|a| a.status != "closed" && !used(engine, &a.token));
     match existing {
+        // The same process parked this wait: nothing to log, nothing owed.
+        Some(a) if unparked => Ok(Waiting::of(&a)),
         Some(a) => rearm(engine, call, a, now).await,
         None => create(engine, call, now).await,
     }

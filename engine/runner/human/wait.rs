@@ -49,6 +49,35 @@ impl Waiting {
     }
 }
 
+/// Parks the run on `w` (see `park`) unless there is something to act on now.
+/// `Ok(true)`: parked, the caller must return at once without writing anything;
+/// `Ok(false)`: this task owns the run and waits (or acts) itself.
+pub(super) fn park(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+    w: &Waiting,
+) -> Result<bool, CallFailure> {
+    if engine.is_shutting_down() || engine.is_cancelled(call.run_id) {
+        return Ok(false);
+    }
+    // Registered first, checked second: a decision or cancellation that lands
+    // before the registration is seen below; one after it finds the entry and
+    // unparks the run. Whoever takes the entry back owns the run.
+    engine.park(&w.token, call.run_id, w.deadline_at);
+    let act_now = match read(engine, w) {
+        Ok(state) => {
+            state.is_some() || engine.now_ms() >= w.deadline_at || engine.is_cancelled(call.run_id)
+        }
+        Err(e) => {
+            return match engine.claim_parked(&w.token) {
+                true => Err(e),
+                false => Ok(true),
+            };
+        }
+    };
+    Ok(!(act_now && engine.claim_parked(&w.token)))
+}
+
 /// Waits for the outcome; an outcome (not a drain) marks the approval as used, so
 /// a retry or the next loop iteration of the step asks again.
 pub(super) async fn wait(

@@ -1,0 +1,179 @@
+//! Parking in-process: with parking on (as `serve` runs), a top-level human step
+//! ends its run's driver once the approval is committed, and a decision drives the
+//! run on; a human step that must keep state in its task (here `retry`) waits there.
+//! The end-to-end side (real binary, page, cancel, bulk decisions) is in
+//! `tests/approvals_cases/parking.rs`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use vectorstep::clock::SystemClock;
+use vectorstep::config::Config;
+use vectorstep::executor::Executors;
+use vectorstep::run::context::Normalised;
+use vectorstep::runner::{Created, Engine, RunEnd};
+use vectorstep::store::{Outcome, Store};
+
+const GATE: &str = concat!(
+    "name: gate\nstage: production\ndurable: true\ntrigger: {}\nsteps:\n",
+    "  - name: approve\n    executor: human\n    timeout_seconds: 600\n    prompt_template: \"go?\"\n",
+    "  - name: after\n    executor: mock\n",
+    "    executor_config: {output: {confidence: 0.9, summary: after, next_step_context: \"\"}}\n",
+);
+
+const RETRIED: &str = concat!(
+    "name: retried\nstage: production\ndurable: true\ntrigger: {}\nsteps:\n",
+    "  - name: approve\n    executor: human\n    timeout_seconds: 600\n    prompt_template: \"go?\"\n",
+    "    retry: {attempts: 2}\n",
+);
+
+struct Setup {
+    engine: Arc<Engine>,
+    store: Store,
+    _dir: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pdir = dir.path().join("pipelines");
+    std::fs::create_dir_all(&pdir).expect("mkdir");
+    std::fs::write(pdir.join("gate.yaml"), GATE).expect("write");
+    std::fs::write(pdir.join("retried.yaml"), RETRIED).expect("write");
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {path: ./vs.db}\n",
+    )
+    .expect("write");
+    let config = Arc::new(Config::load(&cfg, true).expect("config").0);
+    let (set, d) = vectorstep::pipeline::load(std::slice::from_ref(&pdir), &config);
+    let set = set.unwrap_or_else(|| panic!("{d}"));
+    let store = Store::open(&config.database_path).expect("store");
+    let engine = Engine::new(
+        config.clone(),
+        set,
+        store.clone(),
+        Executors::standard(&config),
+        Arc::new(SystemClock),
+    );
+    engine.enable_parking();
+    Setup {
+        engine,
+        store,
+        _dir: dir,
+    }
+}
+
+async fn create(s: &Setup, pipeline: &str) -> String {
+    let p = s.engine.pipeline(pipeline).expect("pipeline");
+    let trigger = Normalised {
+        source: "generic".into(),
+        pipeline: Some(pipeline.into()),
+        ..Normalised::default()
+    };
+    match s
+        .engine
+        .create_run(&p, &trigger, &json!({}), None, None)
+        .await
+    {
+        Ok(Created::Inserted(id)) => id,
+        other => panic!("create_run: {other:?}"),
+    }
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(t.elapsed() < Duration::from_secs(20), "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn status(s: &Setup, id: &str) -> String {
+    s.store
+        .run(id)
+        .ok()
+        .flatten()
+        .map(|r| r.status)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_top_level_human_step_parks_its_run_and_the_decision_drives_it_on() {
+    let s = setup();
+    let id = create(&s, "gate").await;
+    let end = s.engine.drive(&id, false).await.expect("drive");
+    assert_eq!(end, RunEnd::Parked);
+    assert_eq!(s.engine.parked_runs(), 1);
+    assert_eq!(s.engine.active_runs(), 0, "a parked run holds no driver");
+    let steps = s.store.steps(&id).expect("steps");
+    assert_eq!(steps[0].status, "waiting");
+    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
+        .token
+        .clone();
+
+    let decided = s
+        .engine
+        .decide_approval(&token, true, "alice")
+        .await
+        .expect("decide");
+    assert_eq!(decided, Outcome::ApprovalDecided);
+    assert_eq!(s.engine.parked_runs(), 0);
+    until("the run completes", || status(&s, &id) == "completed").await;
+    let steps = s.store.steps(&id).expect("steps");
+    assert_eq!(
+        steps.iter().map(|r| r.status.as_str()).collect::<Vec<_>>(),
+        ["completed", "completed"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_human_step_with_retry_waits_in_its_task() {
+    let s = setup();
+    let id = create(&s, "retried").await;
+    let driver = {
+        let (engine, id) = (s.engine.clone(), id.clone());
+        tokio::spawn(async move { engine.drive(&id, false).await })
+    };
+    until("the approval is requested", || {
+        s.store
+            .approvals_of_run(&id)
+            .map(|a| !a.is_empty())
+            .unwrap_or(false)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(s.engine.parked_runs(), 0);
+    assert_eq!(s.engine.active_runs(), 1, "the driver waits in its task");
+    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
+        .token
+        .clone();
+    s.engine
+        .decide_approval(&token, true, "alice")
+        .await
+        .expect("decide");
+    let end = tokio::time::timeout(Duration::from_secs(20), driver)
+        .await
+        .expect("driver ends")
+        .expect("task")
+        .expect("drive");
+    assert_eq!(end, RunEnd::Finished("completed".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_parked_run_drives_it_to_cancelled() {
+    let s = setup();
+    let id = create(&s, "gate").await;
+    let end = s.engine.drive(&id, false).await.expect("drive");
+    assert_eq!(end, RunEnd::Parked);
+    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
+        .token
+        .clone();
+    assert!(s.engine.parked_runs() == 1, "parked on {token}");
+    s.engine.cancel(&id);
+    until("the cancelled run ends", || status(&s, &id) == "cancelled").await;
+    assert_eq!(s.engine.parked_runs(), 0);
+    let a = s.store.approval(&token).expect("read").expect("row");
+    assert_eq!(a.status, "closed");
+}
