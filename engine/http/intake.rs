@@ -222,11 +222,16 @@ async fn accept(
         )
             .into_response());
     }
+    // The body as it arrived (it parsed, so it is JSON), unless it was amended.
+    let payload_json = match (&forced_pipeline, std::str::from_utf8(body)) {
+        (None, Ok(text)) => text.to_string(),
+        _ => payload.to_string(),
+    };
     let created = engine
-        .create_run(
+        .create_run_from(
             &pipeline,
             &trigger,
-            &payload,
+            payload_json,
             None,
             dedup_enabled.then_some(window),
         )

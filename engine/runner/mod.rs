@@ -222,6 +222,26 @@ impl Engine {
         parent: Option<ParentLink>,
         dedup_window_seconds: Option<u64>,
     ) -> Result<Created, Error> {
+        self.create_run_from(
+            pipeline,
+            trigger,
+            payload.to_string(),
+            parent,
+            dedup_window_seconds,
+        )
+        .await
+    }
+
+    /// [`Engine::create_run`] with the payload already serialised: a webhook's body
+    /// is stored as it arrived instead of being parsed and printed again.
+    pub async fn create_run_from(
+        &self,
+        pipeline: &Pipeline,
+        trigger: &Normalised,
+        payload_json: String,
+        parent: Option<ParentLink>,
+        dedup_window_seconds: Option<u64>,
+    ) -> Result<Created, Error> {
         // Time-ordered (v7): consecutive runs land next to each other in every index
         // keyed by run id (runs, steps, events), so a commit of many new runs dirties
         // a few B-tree pages instead of one random page per run. Run ids are not
@@ -251,7 +271,7 @@ impl Engine {
             parent_step_path: parent.as_ref().map(|p| p.step_path.clone()),
             dedup_fingerprint: trigger.fingerprint.clone().filter(|f| !f.is_empty()),
             context_json: serde_json::to_string(&trigger).unwrap_or_else(|_| "{}".into()),
-            payload_json: payload.to_string(),
+            payload_json,
             tokens_used: 0,
             cost_usd: 0.0,
             terminal_step: None,
