@@ -505,6 +505,15 @@ impl Engine {
             .clone()
     }
 
+    /// The signal of `token` if something (a wait, a delivery) listens on it.
+    fn existing_approval_signal(&self, token: &str) -> Option<Arc<tokio::sync::Notify>> {
+        let map = match self.approval_signals.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.get(token).cloned()
+    }
+
     /// Decides a pending approval; the first decision wins.
     pub async fn decide_approval(
         self: &Arc<Self>,
@@ -545,6 +554,9 @@ impl Engine {
             self.refresh_approvals_gauge();
             if !self.unpark(token) {
                 self.approval_signal(token).notify_waiters();
+            } else if let Some(delivery) = self.existing_approval_signal(token) {
+                // The run was parked; a delivery still retrying stops now.
+                delivery.notify_waiters();
             }
             crate::telegram::announce_decided(self, token);
         }
