@@ -60,6 +60,9 @@ pub(super) struct RunState {
     /// `sweep::resume_all`): dropped before its first executor call other than a
     /// human step that parks, or when the driver ends or parks.
     pub wave: Option<super::sweep::WaveTicket>,
+    /// A new run's first step, already recorded as started with the run itself
+    /// (see `Engine::create_run`); taken by `step::run`.
+    pub opened: Option<StepRecord>,
 }
 
 impl RunState {
@@ -131,8 +134,8 @@ pub(super) async fn drive(
     } else {
         engine.take_fresh(&run_id)
     };
-    let (mut run, trigger) = match fresh {
-        Some(f) => (f.run, f.trigger),
+    let (mut run, trigger, opened) = match fresh {
+        Some(f) => (f.run, f.trigger, f.opened),
         None => {
             let run = engine
                 .store
@@ -146,7 +149,7 @@ pub(super) async fn drive(
                     run_id: run_id.clone(),
                     detail: format!("context_json: {e}"),
                 })?;
-            (run, trigger)
+            (run, trigger, None)
         }
     };
     let Some(pipeline) = engine.pipeline(&run.pipeline_name) else {
@@ -174,12 +177,16 @@ pub(super) async fn drive(
         deferred: Vec::new(),
         unparked: mode == DriveMode::Unpark,
         wave,
+        opened,
     };
     if mode == DriveMode::Resume {
         announce_resume(&mut rs, &plan).await?;
     }
     for (i, entry) in pipeline.steps.iter().enumerate() {
-        if engine.is_cancelled(rs.id()) {
+        // A step recorded as started is in flight: a cancel or a drain takes effect
+        // at the boundary after it, as for any other step already running.
+        let in_flight = i == 0 && rs.opened.is_some();
+        if engine.is_cancelled(rs.id()) && !in_flight {
             let w = vec![rs.ev(
                 "warn",
                 "run_cancelled",
@@ -188,7 +195,7 @@ pub(super) async fn drive(
             )];
             return finish(&mut rs, "cancelled", None, Some("cancelled".into()), w).await;
         }
-        if engine.is_shutting_down() {
+        if engine.is_shutting_down() && !in_flight {
             rs.flush().await?;
             tracing::info!(run_id = %rs.id(), step = %entry.name(), "Shutdown: run left at a step boundary, resumes on next start.");
             return Ok(RunEnd::Drained);
@@ -213,6 +220,7 @@ pub(super) async fn drive(
                 return close_terminal(&mut rs, entry, status, output, reason).await;
             }
             UnitPlan::NotStarted => {
+                // An opened step has no `when` (create_run checks), so it passes.
                 match when_passes(&rs, entry) {
                     Ok(true) => {}
                     Ok(false) => {

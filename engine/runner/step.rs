@@ -127,6 +127,39 @@ fn may_park(rs: &RunState, step: &Step) -> bool {
         && rs.engine.parking_enabled()
 }
 
+/// The `running` record and `step_started` line a plain step commits before its
+/// executor is called (by the driver, or for a new run's first step by
+/// `Engine::create_run`, in the run's own commit).
+pub(super) fn opening(
+    run_id: &str,
+    i: usize,
+    step: &Step,
+    started_at: i64,
+    attempt: u32,
+    rerun: bool,
+) -> (crate::store::StepRecord, Write) {
+    let path = step.name.as_str();
+    let rec = records::running(NewRecord {
+        run_id,
+        path,
+        index: records::step_index(i, None),
+        kind: "step",
+        action: Some(&step.action),
+        started_at,
+        attempt,
+        iteration: 1,
+    });
+    let started = records::event(
+        run_id,
+        started_at,
+        "info",
+        "step_started",
+        format!("Step started: {path}"),
+        json!({"step": path, "executor": step.action.executor_name, "agent": step.action.agent, "attempt": attempt, "rerun_after_restart": rerun}),
+    );
+    (rec, started)
+}
+
 /// Whether `entry` is a step whose human wait parks the run (see `may_park`).
 pub(super) fn parks(rs: &RunState, entry: &Entry) -> bool {
     matches!(entry, Entry::Step(s) if may_park(rs, s))
@@ -158,30 +191,29 @@ pub(super) async fn run(
         true => stored_started_at(rs, path).unwrap_or_else(|| rs.now()),
         false => rs.now(),
     };
-    let mut rec = records::running(NewRecord {
-        run_id: rs.id(),
-        path,
-        index: records::step_index(i, None),
-        kind: "step",
-        action: Some(&step.action),
-        started_at,
-        attempt: first_attempt,
-        iteration: 1,
-    });
-    let agent = step.action.agent.clone();
-    let resumed = matches!(start, Start::Rerun { .. });
-    if !unparked {
-        rs.commit(vec![
-        Write::UpsertStep(rec.clone()),
-        rs.ev(
-            "info",
-            "step_started",
-            format!("Step started: {path}"),
-            json!({"step": path, "executor": step.action.executor_name, "agent": agent, "attempt": first_attempt, "rerun_after_restart": resumed}),
-        ),
-    ])
-    .await?;
-    }
+    // A new run's first step was recorded as started in the run's own commit.
+    let opened = match (&start, rs.opened.take()) {
+        (Start::Fresh, Some(r)) if r.step_path == path => Some(r),
+        _ => None,
+    };
+    let mut rec = match opened {
+        Some(r) => r,
+        None => {
+            let (rec, started) = opening(
+                rs.id(),
+                i,
+                step,
+                started_at,
+                first_attempt,
+                matches!(start, Start::Rerun { .. }),
+            );
+            if !unparked {
+                rs.commit(vec![Write::UpsertStep(rec.clone()), started])
+                    .await?;
+            }
+            rec
+        }
+    };
     let human = HumanMode {
         may_park: may_park(rs, step),
         unparked,

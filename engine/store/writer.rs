@@ -41,6 +41,9 @@ pub enum Write {
     /// batch inserted its run: a run and its first log line share one commit, and a
     /// deduplicated request leaves nothing behind.
     AppendEventIfInserted(EventRecord),
+    /// Like `UpsertStep`, only if an insert earlier in the batch inserted its run:
+    /// a new run's first step is recorded as started in the run's own commit.
+    UpsertStepIfInserted(StepRecord),
     /// Records the terminal state of a run that is still `running`.
     FinishRun {
         run_id: String,
@@ -146,6 +149,7 @@ impl Write {
             Write::UpsertStep(_) => "UpsertStep",
             Write::AppendEvent(_) => "AppendEvent",
             Write::AppendEventIfInserted(_) => "AppendEventIfInserted",
+            Write::UpsertStepIfInserted(_) => "UpsertStepIfInserted",
             Write::FinishRun { .. } => "FinishRun",
             Write::SetRunUsage { .. } => "SetRunUsage",
             Write::MarkResumed { .. } => "MarkResumed",
@@ -166,7 +170,9 @@ impl Write {
             Write::InsertRunDedup { run, window_start } => {
                 runs::insert_dedup(conn, run, *window_start)
             }
-            Write::UpsertStep(step) => steps::upsert(conn, step),
+            Write::UpsertStep(step) | Write::UpsertStepIfInserted(step) => {
+                steps::upsert(conn, step)
+            }
             Write::AppendEvent(event) | Write::AppendEventIfInserted(event) => {
                 events::append(conn, event)
             }
@@ -403,7 +409,11 @@ fn apply_batch(conn: &Connection, writes: &[Write]) -> Result<Vec<Outcome>, Erro
     let mut outcomes = Vec::with_capacity(writes.len());
     let mut inserted = false;
     for (index, write) in writes.iter().enumerate() {
-        if matches!(write, Write::AppendEventIfInserted(_)) && !inserted {
+        let conditional = matches!(
+            write,
+            Write::AppendEventIfInserted(_) | Write::UpsertStepIfInserted(_)
+        );
+        if conditional && !inserted {
             outcomes.push(Outcome::Done);
             continue;
         }

@@ -193,21 +193,26 @@ fn pruning_deletes_only_old_finished_runs_and_what_belongs_to_them() {
 }
 
 #[test]
-fn a_conditional_event_is_written_only_with_its_run() {
+fn conditional_writes_are_applied_only_with_their_run() {
     let (_dir, store) = open_temp();
     let first = commit(
         &store,
         vec![
             Write::InsertRun(deduped("a", "p", "fp")),
             Write::AppendEventIfInserted(event("a", "started")),
+            Write::UpsertStepIfInserted(step("a", "triage", 0)),
         ],
     );
-    assert_eq!(first, vec![Outcome::RunInserted, Outcome::Done]);
+    assert_eq!(
+        first,
+        vec![Outcome::RunInserted, Outcome::Done, Outcome::Done]
+    );
     let second = commit(
         &store,
         vec![
             Write::InsertRun(deduped("b", "p", "fp")),
             Write::AppendEventIfInserted(event("b", "started")),
+            Write::UpsertStepIfInserted(step("b", "triage", 0)),
         ],
     );
     assert_eq!(
@@ -220,5 +225,10 @@ fn a_conditional_event_is_written_only_with_its_run() {
     assert!(
         store.events("b").unwrap().is_empty(),
         "a deduplicated run left an event behind"
+    );
+    assert_eq!(store.steps("a").unwrap().len(), 1);
+    assert!(
+        store.steps("b").unwrap().is_empty(),
+        "a deduplicated run left a step record behind"
     );
 }
