@@ -15,7 +15,15 @@ pub(super) const MIGRATIONS: &[(&str, &str)] = &[
     ("0001_initial", INITIAL),
     ("0002_dedup_lookup", DEDUP_LOOKUP),
     ("0003_drop_redundant_index", DROP_REDUNDANT_INDEX),
+    ("0004_partial_parent_index", PARTIAL_PARENT_INDEX),
 ];
+
+/// Only sub-pipeline children have a parent; indexing the NULLs of every other run
+/// cost each insert a B-tree update for nothing. Lookups by parent (`parent_run_id =
+/// ?`) imply NOT NULL, so they still use the index.
+const PARTIAL_PARENT_INDEX: &str = "DROP INDEX IF EXISTS ix_pipeline_runs_parent;
+CREATE INDEX ix_pipeline_runs_parent ON pipeline_runs (parent_run_id, parent_step_path)
+    WHERE parent_run_id IS NOT NULL;";
 
 /// `ix_pipeline_runs_dedup` starts with `pipeline_name`, so the single-column index
 /// only cost every insert another B-tree update.
