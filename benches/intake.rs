@@ -1,7 +1,8 @@
 //! Webhook intake throughput: the real router (`vectorstep::http::router`) served by
 //! axum on 127.0.0.1:0 in this process, on a `synchronous=FULL` store, driven over
-//! loopback by reqwest clients. Every accepted webhook starts a real run (one `mock`
-//! step, no delay), so run writes compete with intake for the same writer.
+//! loopback by bare HTTP/1.1 keep-alive clients (reqwest for warm-up and the burst).
+//! Every accepted webhook starts a real run (one `mock` step, no delay), so run
+//! writes compete with intake for the same writer.
 //!
 //! Run: `cargo bench --bench intake`. `BENCH_N` (default 10000) sets the number of
 //! accepted webhooks, `BENCH_CLIENTS` (default 64) the concurrent client tasks.
@@ -49,6 +50,8 @@ fn alert(fingerprint: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+const PATH: &str = "/webhook?source=alertmanager";
+
 fn env_usize(key: &str, default: usize) -> usize {
     std::env::var(key)
         .ok()
@@ -81,12 +84,80 @@ async fn post(
     )
 }
 
+/// A bare HTTP/1.1 keep-alive connection, the timed phases' load generator: it does
+/// what a webhook sender must (write a request, read status, headers and a
+/// `Content-Length` body) and nothing more, so the two cores it shares with the
+/// server go to the server. The JSON answer is still parsed and checked.
+struct Conn {
+    stream: tokio::io::BufStream<tokio::net::TcpStream>,
+    head: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(addr: std::net::SocketAddr, path: &str) -> Conn {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: "
+        )
+        .into_bytes();
+        Conn {
+            stream: tokio::io::BufStream::new(stream),
+            head,
+        }
+    }
+
+    /// Posts `body`; returns the HTTP status, the answer's `status` field and the
+    /// latency.
+    async fn post(&mut self, body: &[u8]) -> (u16, String, Duration) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+        let t = Instant::now();
+        let s = &mut self.stream;
+        s.write_all(&self.head).await.expect("write");
+        s.write_all(format!("{}\r\n\r\n", body.len()).as_bytes())
+            .await
+            .expect("write");
+        s.write_all(body).await.expect("write");
+        s.flush().await.expect("flush");
+        let mut line = String::new();
+        s.read_line(&mut line).await.expect("status line");
+        let code: u16 = line
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("status line {line:?}"));
+        let mut length = 0usize;
+        loop {
+            line.clear();
+            s.read_line(&mut line).await.expect("header");
+            let h = line.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = h.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().expect("content-length");
+                }
+            }
+        }
+        let mut answer = vec![0u8; length];
+        s.read_exact(&mut answer).await.expect("body");
+        let elapsed = t.elapsed();
+        let v: Value = serde_json::from_slice(&answer).expect("JSON answer");
+        (
+            code,
+            v["status"].as_str().unwrap_or("").to_string(),
+            elapsed,
+        )
+    }
+}
+
 /// Sends `n` webhooks (`body(i)`) from `clients` concurrent tasks, asserts each is
 /// answered `want`, and prints the rate and latency. Returns the rate per second.
 async fn phase(
     what: &str,
-    url: &reqwest::Url,
-    client: &reqwest::Client,
+    addr: std::net::SocketAddr,
+    path: &str,
     n: usize,
     clients: usize,
     want: &'static str,
@@ -99,16 +170,16 @@ async fn phase(
     let t = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..clients {
-        let (client, url, next, bodies) =
-            (client.clone(), url.clone(), next.clone(), bodies.clone());
+        let (next, bodies, path) = (next.clone(), bodies.clone(), path.to_string());
         tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::open(addr, &path).await;
             let mut latencies = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= n {
                     return latencies;
                 }
-                let (code, status, d) = post(&client, &url, bodies[i].clone()).await;
+                let (code, status, d) = conn.post(&bodies[i]).await;
                 assert_eq!(status, want, "webhook {i}: HTTP {code}");
                 latencies.push(d);
             }
@@ -201,7 +272,7 @@ fn main() {
         let addr = listener.local_addr().expect("addr");
         let app = router(state);
         tokio::spawn(async move { axum::serve(listener, app).await });
-        let url: reqwest::Url = format!("http://{addr}/webhook?source=alertmanager")
+        let url: reqwest::Url = format!("http://{addr}{PATH}")
             .parse()
             .expect("url");
         let client = reqwest::Client::builder()
@@ -225,15 +296,15 @@ fn main() {
         // Where the time goes, layer by layer: HTTP + parse + resolve (no store), then
         // + one store round trip (a duplicate writes nothing, so no fsync), then the
         // whole path (insert, `run_started`, and the run itself).
-        phase("no_match (422, no store)", &url, &client, n, clients, "no_match", unrouted).await;
+        phase("no_match (422, no store)", addr, PATH, n, clients, "no_match", unrouted).await;
         let (_, s, _) = post(&client, &url, same(0)).await;
         assert_eq!(s, "accepted");
         engine.wait_idle(Duration::from_secs(60)).await;
-        phase("deduplicated (1 store read/write)", &url, &client, n, clients, "deduplicated", same).await;
+        phase("deduplicated (1 store read/write)", addr, PATH, n, clients, "deduplicated", same).await;
 
         let before = store.stats();
         let t = Instant::now();
-        let rate = phase("accepted (run created and run)", &url, &client, n, clients, "accepted", distinct).await;
+        let rate = phase("accepted (run created and run)", addr, PATH, n, clients, "accepted", distinct).await;
         let answered = store.stats();
         let elapsed = t.elapsed();
         let idle = engine.wait_idle(Duration::from_secs(120)).await;
