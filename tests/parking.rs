@@ -177,3 +177,30 @@ async fn cancelling_a_parked_run_drives_it_to_cancelled() {
     let a = s.store.approval(&token).expect("read").expect("row");
     assert_eq!(a.status, "closed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_written_by_another_process_unparks_the_run() {
+    let s = setup();
+    let id = create(&s, "gate").await;
+    let end = s.engine.drive(&id, false).await.expect("drive");
+    assert_eq!(end, RunEnd::Parked);
+    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
+        .token
+        .clone();
+    // Straight into the store, as a second process on the same database would:
+    // nothing in this engine is told about it.
+    let other = Store::open(&s.store.path().to_path_buf()).expect("second handle");
+    let out = other
+        .commit(vec![vectorstep::store::Write::DecideApproval {
+            token: token.clone(),
+            status: "approved".into(),
+            by: Some("elsewhere".into()),
+            at: s.engine.now_ms(),
+        }])
+        .await
+        .expect("decide elsewhere");
+    assert_eq!(out, vec![Outcome::ApprovalDecided]);
+    // The keeper's periodic check (every 5 s) finds it and drives the run on.
+    until("the run completes", || status(&s, &id) == "completed").await;
+    assert_eq!(s.engine.parked_runs(), 0);
+}

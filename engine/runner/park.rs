@@ -32,7 +32,7 @@ use super::{DriveMode, Engine};
 
 /// How often the keeper looks for approvals decided by another process on the same
 /// store (decisions made in this process unpark at once).
-const FOREIGN_DECISIONS_EVERY: Duration = Duration::from_secs(15);
+const FOREIGN_DECISIONS_EVERY: Duration = Duration::from_secs(5);
 
 /// One parked run.
 struct Parked {
