@@ -189,7 +189,7 @@ async fn a_decision_written_by_another_process_unparks_the_run() {
         .clone();
     // Straight into the store, as a second process on the same database would:
     // nothing in this engine is told about it.
-    let other = Store::open(&s.store.path().to_path_buf()).expect("second handle");
+    let other = Store::open(s.store.path()).expect("second handle");
     let out = other
         .commit(vec![vectorstep::store::Write::DecideApproval {
             token: token.clone(),
