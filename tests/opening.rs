@@ -4,14 +4,10 @@
 //! once with attempt 1, and a cancel arriving before the driver starts takes effect
 //! at the boundary after that step, like a cancel during any other step.
 
-use std::sync::Arc;
+mod engine_support;
 
-use serde_json::json;
-use vectorstep::clock::SystemClock;
-use vectorstep::config::Config;
-use vectorstep::executor::Executors;
-use vectorstep::run::context::Normalised;
-use vectorstep::runner::{Created, Engine, RunEnd};
+use engine_support::{create, engine_with};
+use vectorstep::runner::{Created, RunEnd};
 use vectorstep::store::Store;
 
 const TWO_STEPS: &str = concat!(
@@ -28,44 +24,8 @@ const GUARDED: &str = concat!(
     "    executor_config: {output: {confidence: 0.9, summary: one, next_step_context: \"\"}}\n",
 );
 
-fn setup() -> (tempfile::TempDir, Arc<Engine>, Store) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pdir = dir.path().join("pipelines");
-    std::fs::create_dir_all(&pdir).expect("mkdir");
-    std::fs::write(pdir.join("two.yaml"), TWO_STEPS).expect("write");
-    std::fs::write(pdir.join("guarded.yaml"), GUARDED).expect("write");
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {path: ./vs.db}\n",
-    )
-    .expect("write");
-    let config = Arc::new(Config::load(&cfg, true).expect("config").0);
-    let (set, d) = vectorstep::pipeline::load(std::slice::from_ref(&pdir), &config);
-    let set = set.unwrap_or_else(|| panic!("{d}"));
-    let store = Store::open(&config.database_path).expect("store");
-    let engine = Engine::new(
-        config.clone(),
-        set,
-        store.clone(),
-        Executors::standard(&config),
-        Arc::new(SystemClock),
-    );
-    (dir, engine, store)
-}
-
-async fn create(engine: &Arc<Engine>, pipeline: &str, fingerprint: Option<&str>) -> Created {
-    let p = engine.pipeline(pipeline).expect("pipeline");
-    let trigger = Normalised {
-        source: "generic".into(),
-        pipeline: Some(pipeline.into()),
-        fingerprint: fingerprint.map(str::to_string),
-        ..Normalised::default()
-    };
-    engine
-        .create_run(&p, &trigger, &json!({}), None, None)
-        .await
-        .expect("create_run")
+fn setup() -> engine_support::Scratch {
+    engine_with(&[("two", TWO_STEPS), ("guarded", GUARDED)])
 }
 
 fn event_names(store: &Store, id: &str) -> Vec<String> {
@@ -79,8 +39,9 @@ fn event_names(store: &Store, id: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_step_is_recorded_with_the_run_and_runs_once() {
-    let (_dir, engine, store) = setup();
-    let Created::Inserted(id) = create(&engine, "two", None).await else {
+    let s = setup();
+    let (engine, store) = (&s.engine, &s.store);
+    let Created::Inserted(id) = create(engine, "two", None).await else {
         panic!("deduplicated")
     };
     // Before any driver: the run and its first step, started, in one commit.
@@ -94,11 +55,11 @@ async fn the_first_step_is_recorded_with_the_run_and_runs_once() {
         ),
         ("first", "running", 1)
     );
-    assert_eq!(event_names(&store, &id), ["run_started", "step_started"]);
+    assert_eq!(event_names(store, &id), ["run_started", "step_started"]);
 
     let end = engine.drive(&id, false).await.expect("drive");
     assert_eq!(end, RunEnd::Finished("completed".into()));
-    let names = event_names(&store, &id);
+    let names = event_names(store, &id);
     let started: Vec<_> = names.iter().filter(|n| *n == "step_started").collect();
     assert_eq!(started.len(), 2, "one per step: {names:?}");
     let steps = store.steps(&id).expect("steps");
@@ -113,11 +74,12 @@ async fn the_first_step_is_recorded_with_the_run_and_runs_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deduplicated_run_and_a_guarded_first_step_record_no_step() {
-    let (_dir, engine, store) = setup();
-    let Created::Inserted(first) = create(&engine, "two", Some("fp")).await else {
+    let s = setup();
+    let (engine, store) = (&s.engine, &s.store);
+    let Created::Inserted(first) = create(engine, "two", Some("fp")).await else {
         panic!("first was deduplicated")
     };
-    let Created::Duplicate { run_id, .. } = create(&engine, "two", Some("fp")).await else {
+    let Created::Duplicate { run_id, .. } = create(engine, "two", Some("fp")).await else {
         panic!("second was not deduplicated")
     };
     assert_eq!(run_id, first);
@@ -126,7 +88,7 @@ async fn a_deduplicated_run_and_a_guarded_first_step_record_no_step() {
     assert_eq!(store.steps(&first).expect("steps").len(), 1);
 
     // A `when` is evaluated by the driver, so nothing is recorded up front.
-    let Created::Inserted(guarded) = create(&engine, "guarded", None).await else {
+    let Created::Inserted(guarded) = create(engine, "guarded", None).await else {
         panic!("deduplicated")
     };
     assert!(store.steps(&guarded).expect("steps").is_empty());
@@ -137,8 +99,9 @@ async fn a_deduplicated_run_and_a_guarded_first_step_record_no_step() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_before_the_driver_starts_stops_after_the_recorded_step() {
-    let (_dir, engine, store) = setup();
-    let Created::Inserted(id) = create(&engine, "two", None).await else {
+    let s = setup();
+    let (engine, store) = (&s.engine, &s.store);
+    let Created::Inserted(id) = create(engine, "two", None).await else {
         panic!("deduplicated")
     };
     engine.cancel(&id);

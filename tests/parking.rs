@@ -4,15 +4,12 @@
 //! The end-to-end side (real binary, page, cancel, bulk decisions) is in
 //! `tests/approvals_cases/parking.rs`.
 
-use std::sync::Arc;
+mod engine_support;
+
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use vectorstep::clock::SystemClock;
-use vectorstep::config::Config;
-use vectorstep::executor::Executors;
-use vectorstep::run::context::Normalised;
-use vectorstep::runner::{Created, Engine, RunEnd};
+use engine_support::Scratch;
+use vectorstep::runner::{Created, RunEnd};
 use vectorstep::store::{Outcome, Store};
 
 const GATE: &str = concat!(
@@ -28,58 +25,29 @@ const RETRIED: &str = concat!(
     "    retry: {attempts: 2}\n",
 );
 
-struct Setup {
-    engine: Arc<Engine>,
-    store: Store,
-    _dir: tempfile::TempDir,
+/// An engine with parking on, as `serve` sets it up.
+fn setup() -> Scratch {
+    let s = engine_support::engine_with(&[("gate", GATE), ("retried", RETRIED)]);
+    s.engine.enable_parking();
+    s
 }
 
-fn setup() -> Setup {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pdir = dir.path().join("pipelines");
-    std::fs::create_dir_all(&pdir).expect("mkdir");
-    std::fs::write(pdir.join("gate.yaml"), GATE).expect("write");
-    std::fs::write(pdir.join("retried.yaml"), RETRIED).expect("write");
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {path: ./vs.db}\n",
-    )
-    .expect("write");
-    let config = Arc::new(Config::load(&cfg, true).expect("config").0);
-    let (set, d) = vectorstep::pipeline::load(std::slice::from_ref(&pdir), &config);
-    let set = set.unwrap_or_else(|| panic!("{d}"));
-    let store = Store::open(&config.database_path).expect("store");
-    let engine = Engine::new(
-        config.clone(),
-        set,
-        store.clone(),
-        Executors::standard(&config),
-        Arc::new(SystemClock),
-    );
-    engine.enable_parking();
-    Setup {
-        engine,
-        store,
-        _dir: dir,
-    }
-}
-
-async fn create(s: &Setup, pipeline: &str) -> String {
-    let p = s.engine.pipeline(pipeline).expect("pipeline");
-    let trigger = Normalised {
-        source: "generic".into(),
-        pipeline: Some(pipeline.into()),
-        ..Normalised::default()
-    };
-    match s
-        .engine
-        .create_run(&p, &trigger, &json!({}), None, None)
-        .await
-    {
-        Ok(Created::Inserted(id)) => id,
+async fn create(s: &Scratch, pipeline: &str) -> String {
+    match engine_support::create(&s.engine, pipeline, None).await {
+        Created::Inserted(id) => id,
         other => panic!("create_run: {other:?}"),
     }
+}
+
+/// A new `gate` run driven until it parks; its id and approval token.
+async fn parked_run(s: &Scratch) -> (String, String) {
+    let id = create(s, "gate").await;
+    let end = s.engine.drive(&id, false).await.expect("drive");
+    assert_eq!(end, RunEnd::Parked);
+    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
+        .token
+        .clone();
+    (id, token)
 }
 
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
@@ -90,7 +58,7 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn status(s: &Setup, id: &str) -> String {
+fn status(s: &Scratch, id: &str) -> String {
     s.store
         .run(id)
         .ok()
@@ -102,16 +70,11 @@ fn status(s: &Setup, id: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_top_level_human_step_parks_its_run_and_the_decision_drives_it_on() {
     let s = setup();
-    let id = create(&s, "gate").await;
-    let end = s.engine.drive(&id, false).await.expect("drive");
-    assert_eq!(end, RunEnd::Parked);
+    let (id, token) = parked_run(&s).await;
     assert_eq!(s.engine.parked_runs(), 1);
     assert_eq!(s.engine.active_runs(), 0, "a parked run holds no driver");
     let steps = s.store.steps(&id).expect("steps");
     assert_eq!(steps[0].status, "waiting");
-    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
-        .token
-        .clone();
 
     let decided = s
         .engine
@@ -164,12 +127,7 @@ async fn a_human_step_with_retry_waits_in_its_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_parked_run_drives_it_to_cancelled() {
     let s = setup();
-    let id = create(&s, "gate").await;
-    let end = s.engine.drive(&id, false).await.expect("drive");
-    assert_eq!(end, RunEnd::Parked);
-    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
-        .token
-        .clone();
+    let (id, token) = parked_run(&s).await;
     assert!(s.engine.parked_runs() == 1, "parked on {token}");
     s.engine.cancel(&id);
     until("the cancelled run ends", || status(&s, &id) == "cancelled").await;
@@ -181,12 +139,7 @@ async fn cancelling_a_parked_run_drives_it_to_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decision_written_by_another_process_unparks_the_run() {
     let s = setup();
-    let id = create(&s, "gate").await;
-    let end = s.engine.drive(&id, false).await.expect("drive");
-    assert_eq!(end, RunEnd::Parked);
-    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
-        .token
-        .clone();
+    let (id, token) = parked_run(&s).await;
     // Straight into the store, as a second process on the same database would:
     // nothing in this engine is told about it.
     let other = Store::open(s.store.path()).expect("second handle");
