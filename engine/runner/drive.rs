@@ -54,8 +54,9 @@ pub(super) struct RunState {
     pub final_output: Option<Value>,
     /// Writes of finished units not yet committed (see [`RunState::defer`]).
     pub deferred: Vec<Write>,
-    /// Driven again after a parked wait: the waiting step carries on silently.
-    pub unparked: bool,
+    /// Driven again after a parked wait: the start time of each `waiting` step,
+    /// which carries on silently from it. Empty otherwise.
+    pub unparked: std::collections::HashMap<String, i64>,
     /// Held by a run resumed in a start-up wave until it settles (see
     /// `sweep::resume_all`): dropped before its first executor call other than a
     /// human step that parks, or when the driver ends or parks.
@@ -162,6 +163,14 @@ pub(super) async fn drive(
         Vec::new()
     };
     let plan = plan::plan(&pipeline, &stored);
+    let unparked = match mode {
+        DriveMode::Unpark => stored
+            .iter()
+            .filter(|r| r.status == "waiting")
+            .map(|r| (r.step_path.clone(), r.started_at))
+            .collect(),
+        _ => Default::default(),
+    };
     // A parked run lives for as long as its wait: keep only what the loop needs.
     drop(stored);
     run.context_json = String::new();
@@ -175,7 +184,7 @@ pub(super) async fn drive(
         outputs: Outputs::default(),
         final_output: None,
         deferred: Vec::new(),
-        unparked: mode == DriveMode::Unpark,
+        unparked,
         wave,
         opened,
     };

@@ -165,14 +165,6 @@ pub(super) fn parks(rs: &RunState, entry: &Entry) -> bool {
     matches!(entry, Entry::Step(s) if may_park(rs, s))
 }
 
-fn stored_started_at(rs: &RunState, path: &str) -> Option<i64> {
-    let steps = rs.engine.store.steps(rs.id()).ok()?;
-    steps
-        .into_iter()
-        .find(|r| r.step_path == path)
-        .map(|r| r.started_at)
-}
-
 pub(super) async fn run(
     rs: &mut RunState,
     i: usize,
@@ -186,11 +178,12 @@ pub(super) async fn run(
     };
     // A run unparked on this step continues the wait its records describe: same
     // start time, no second `step_started`.
-    let unparked = rs.unparked && matches!(start, Start::Rearm);
-    let started_at = match unparked {
-        true => stored_started_at(rs, path).unwrap_or_else(|| rs.now()),
-        false => rs.now(),
+    let waited_since = match start {
+        Start::Rearm => rs.unparked.get(path).copied(),
+        _ => None,
     };
+    let unparked = waited_since.is_some();
+    let started_at = waited_since.unwrap_or_else(|| rs.now());
     // A new run's first step was recorded as started in the run's own commit.
     let opened = match (&start, rs.opened.take()) {
         (Start::Fresh, Some(r)) if r.step_path == path => Some(r),
