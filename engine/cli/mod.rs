@@ -71,6 +71,15 @@ pub enum Command {
         /// The server's base URL (default: from config.yaml `server`).
         #[arg(long, global = true, env = "VECTORSTEP_URL")]
         url: Option<String>,
+        /// The bearer token to send (an operator token when the server has auth).
+        #[arg(
+            long = "token",
+            id = "bearer",
+            global = true,
+            env = "VECTORSTEP_TOKEN",
+            hide_env_values = true
+        )]
+        bearer: Option<String>,
         #[command(subcommand)]
         command: ApprovalsCommand,
     },
@@ -161,6 +170,22 @@ pub fn load_config(path: &std::path::Path) -> anyhow::Result<vectorstep::config:
     }
 }
 
+/// The config for a command that acts on it (`serve`, `run`): besides loading,
+/// every secret that expanded empty from a `${VAR}` without a default stops the
+/// start, naming the key and the variable, instead of silently disabling a check.
+pub fn load_acting_config(path: &std::path::Path) -> anyhow::Result<vectorstep::config::Config> {
+    let config = load_config(path)?;
+    if let Err(d) = config.require_secrets() {
+        eprint!("{d}");
+        anyhow::bail!(
+            "{} secret(s) in {} expand to nothing; refusing to start with them disabled",
+            d.error_count(),
+            path.display()
+        );
+    }
+    Ok(config)
+}
+
 pub fn main() -> i32 {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -202,15 +227,25 @@ pub fn main() -> i32 {
             command: RunsCommand::Show { run_id, json },
         } => run::show(&cli, run_id, *json),
         Command::Sweep { .. } => run::sweep_dry_run(&cli),
-        Command::Approvals { url, command } => match command {
-            ApprovalsCommand::List { json } => approvals::list(&cli, url.as_deref(), *json),
-            ApprovalsCommand::Approve { token, by } => {
-                approvals::decide(&cli, url.as_deref(), token, true, by.as_deref())
+        Command::Approvals {
+            url,
+            bearer,
+            command,
+        } => {
+            let server = approvals::Server {
+                url: url.as_deref(),
+                token: bearer.as_deref(),
+            };
+            match command {
+                ApprovalsCommand::List { json } => approvals::list(&cli, server, *json),
+                ApprovalsCommand::Approve { token, by } => {
+                    approvals::decide(&cli, server, token, true, by.as_deref())
+                }
+                ApprovalsCommand::Reject { token, by } => {
+                    approvals::decide(&cli, server, token, false, by.as_deref())
+                }
             }
-            ApprovalsCommand::Reject { token, by } => {
-                approvals::decide(&cli, url.as_deref(), token, false, by.as_deref())
-            }
-        },
+        }
     };
     match result {
         Ok(code) => code,

@@ -35,7 +35,7 @@ fn open_store(config: &Config) -> anyhow::Result<Store> {
 }
 
 pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
-    let config = Arc::new(load_config(&cli.config)?);
+    let config = Arc::new(super::load_acting_config(&cli.config)?);
     super::init_logging(&config, "warn");
     let (set, name) = find_pipeline(&config, args.pipeline)?;
     let mut payload: Value = match args.payload {

@@ -5,33 +5,98 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 use crate::decode::Obj;
-use crate::diag::Diagnostics;
+use crate::diag::{Diagnostics, Span};
 use crate::yaml;
+
+/// What expansion found unset: every variable without a default (for the
+/// warning), and, per string node, the variables written as `${VAR}` that were
+/// unset or empty, so a secret built from one fails closed (`Config::require_secrets`).
+#[derive(Debug, Default)]
+pub(super) struct Unset {
+    missing: Vec<String>,
+    by_node: Vec<(Span, String)>,
+}
+
+impl Unset {
+    pub(super) fn names(&self) -> impl Iterator<Item = String> + '_ {
+        self.missing.iter().cloned()
+    }
+
+    /// The first `${VAR}` without a default that expanded empty inside the node at `span`.
+    fn empty_variable_at(&self, span: &Span) -> Option<&str> {
+        self.by_node
+            .iter()
+            .find(|(s, _)| s == span)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The variables written `${VAR}` (no default) in `text` that are unset or empty.
+fn defaultless_empty(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else { break };
+        let inner = &after[..end];
+        if !inner.contains(":-") && lookup(inner).is_none_or(|v| v.is_empty()) {
+            out.push(inner.to_string());
+        }
+        rest = &after[end + 1..];
+    }
+    out
+}
 
 /// Expands variables in every string. An unquoted value is typed after expansion,
 /// so `port: ${PORT:-8000}` is a number, as it would be written out.
 pub(super) fn expand_tree(
     node: &mut yaml::Node,
     lookup: &dyn Fn(&str) -> Option<String>,
-    missing: &mut Vec<String>,
+    unset: &mut Unset,
 ) {
     match &mut node.value {
         yaml::Value::Str(s) if s.contains("${") => {
-            let expanded = expand_env(s, lookup, missing);
+            for name in defaultless_empty(s, lookup) {
+                unset.by_node.push((node.span.clone(), name));
+            }
+            let expanded = expand_env(s, lookup, &mut unset.missing);
             node.value = if node.style == yaml::ScalarStyle::Plain {
                 yaml::plain_scalar(&expanded)
             } else {
                 yaml::Value::Str(expanded)
             };
         }
-        yaml::Value::Seq(items) => items
-            .iter_mut()
-            .for_each(|n| expand_tree(n, lookup, missing)),
+        yaml::Value::Seq(items) => items.iter_mut().for_each(|n| expand_tree(n, lookup, unset)),
         yaml::Value::Map(entries) => entries
             .iter_mut()
-            .for_each(|(_, v)| expand_tree(v, lookup, missing)),
+            .for_each(|(_, v)| expand_tree(v, lookup, unset)),
         _ => {}
     }
+}
+
+/// Reads a secret: its text, and when it expanded empty from a `${VAR}` without a
+/// default, a record of that for [`Config::require_secrets`]. Empty means "not
+/// configured" to the caller either way.
+fn secret(
+    o: &Obj<'_>,
+    key: &str,
+    unset: &Unset,
+    sink: &mut Vec<UnsetSecret>,
+    d: &mut Diagnostics,
+) -> String {
+    let value = o.text(d, key).unwrap_or_default();
+    if value.is_empty() {
+        if let Some(node) = o.get(key) {
+            if let Some(var) = unset.empty_variable_at(&node.span) {
+                sink.push(UnsetSecret {
+                    key: o.path_of(key),
+                    variable: var.to_string(),
+                    span: node.span.clone(),
+                });
+            }
+        }
+    }
+    value
 }
 
 const TOP_KEYS: &[&str] = &[
@@ -61,14 +126,54 @@ fn resolve(base: &Path, p: String) -> PathBuf {
     }
 }
 
-pub(super) fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Option<Config> {
+pub(super) fn decode(
+    root: &yaml::Node,
+    base: &Path,
+    unset: &Unset,
+    d: &mut Diagnostics,
+) -> Option<Config> {
     let mut c = Config::default();
     if root.is_null() {
         return Some(c);
     }
     let top = Obj::new(root, "", TOP_KEYS, &[], d)?;
     if let Some(n) = top.get("server") {
-        if let Some(o) = Obj::new(n, "server", &["host", "port", "max_body_bytes"], &[], d) {
+        let keys = [
+            "host",
+            "port",
+            "max_body_bytes",
+            "allow_unauthenticated",
+            "header_read_timeout_seconds",
+            "body_read_timeout_seconds",
+            "idle_timeout_seconds",
+            "max_connections",
+        ];
+        if let Some(o) = Obj::new(n, "server", &keys, &[], d) {
+            for (key, slot) in [
+                (
+                    "header_read_timeout_seconds",
+                    &mut c.server.header_read_timeout_seconds,
+                ),
+                (
+                    "body_read_timeout_seconds",
+                    &mut c.server.body_read_timeout_seconds,
+                ),
+                ("idle_timeout_seconds", &mut c.server.idle_timeout_seconds),
+            ] {
+                match o.seconds(d, key) {
+                    Some(v) if v > 0.0 => *slot = v,
+                    Some(_) => {
+                        d.error(o.span(), &o.path_of(key), "must be more than 0 seconds");
+                    }
+                    None => {}
+                }
+            }
+            if let Some(v) = o.at_least_one(d, "max_connections") {
+                c.server.max_connections = Some(v as usize);
+            }
+            if let Some(b) = o.bool(d, "allow_unauthenticated") {
+                c.server.allow_unauthenticated = b;
+            }
             if let Some(h) = o.str(d, "host") {
                 c.server.host = h;
             }
@@ -143,12 +248,25 @@ pub(super) fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Opt
         }
     }
     if let Some(n) = top.get("auth") {
-        if let Some(o) = Obj::new(n, "auth", &["teams"], &[], d) {
-            if let Some(list) = o.get("teams") {
-                decode_teams(list, &mut c, d);
+        let keys = ["teams", "operators", "scrapers", "protect_metrics"];
+        if let Some(o) = Obj::new(n, "auth", &keys, &[], d) {
+            for key in ["teams", "operators", "scrapers"] {
+                if let Some(list) = o.get(key) {
+                    let tokens = decode_tokens(list, &format!("auth.{key}"), unset, &mut c, d);
+                    match key {
+                        "teams" => c.auth_teams = tokens,
+                        "operators" => c.auth_operators = tokens,
+                        _ => c.auth_scrapers = tokens,
+                    }
+                }
             }
+            if let Some(b) = o.bool(d, "protect_metrics") {
+                c.protect_metrics = b;
+            }
+            check_distinct_tokens(&o, &c, d);
         }
     }
+    let provider_secrets = std::cell::RefCell::new(Vec::new());
     if let Some(m) = decode_named(
         &top,
         "providers",
@@ -158,13 +276,21 @@ pub(super) fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Opt
             let base_url = o.req_str(d, "base_url")?;
             Some(Provider {
                 base_url,
-                api_key: o.str(d, "api_key").filter(|k| !k.is_empty()),
+                api_key: Some(secret(
+                    o,
+                    "api_key",
+                    unset,
+                    &mut provider_secrets.borrow_mut(),
+                    d,
+                ))
+                .filter(|k| !k.is_empty()),
                 timeout_seconds: o.seconds(d, "timeout_seconds").unwrap_or(120.0),
             })
         },
     ) {
         c.providers = m;
     }
+    c.unset_secrets.extend(provider_secrets.into_inner());
     let agent_keys = [
         "provider",
         "model",
@@ -216,8 +342,8 @@ pub(super) fn decode(root: &yaml::Node, base: &Path, d: &mut Diagnostics) -> Opt
             if let Some(t) = o.get("telegram") {
                 let keys = ["bot_token", "chat_id", "api_url"];
                 if let Some(t) = Obj::new(t, "notifications.telegram", &keys, &[], d) {
-                    let bot_token = t.text(d, "bot_token").unwrap_or_default();
-                    let chat_id = t.text(d, "chat_id").unwrap_or_default();
+                    let bot_token = secret(&t, "bot_token", unset, &mut c.unset_secrets, d);
+                    let chat_id = secret(&t, "chat_id", unset, &mut c.unset_secrets, d);
                     if !bot_token.is_empty() && !chat_id.is_empty() {
                         c.telegram = Some(Telegram {
                             bot_token,
@@ -283,32 +409,74 @@ fn decode_route(n: &yaml::Node, path: &str, d: &mut Diagnostics) -> Option<Appro
     })
 }
 
-fn decode_teams(list: &yaml::Node, c: &mut Config, d: &mut Diagnostics) {
+/// One list of named bearer tokens (`auth.teams`, `auth.operators`, `auth.scrapers`).
+/// An entry whose token is empty is not configured and is skipped with a warning;
+/// one built from an unset `${VAR}` is also recorded to fail the start.
+fn decode_tokens(
+    list: &yaml::Node,
+    path: &str,
+    unset: &Unset,
+    c: &mut Config,
+    d: &mut Diagnostics,
+) -> Vec<TeamToken> {
     let Some(items) = list.as_seq() else {
         d.error(
             &list.span,
-            "auth.teams",
+            path,
             format!("expected a list, found {}", list.type_name()),
         );
-        return;
+        return Vec::new();
     };
+    let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        let path = format!("auth.teams[{i}]");
+        let path = format!("{path}[{i}]");
         let Some(o) = Obj::new(item, &path, &["name", "token"], &[], d) else {
             continue;
         };
-        let (Some(name), Some(token)) = (o.req_str(d, "name"), o.text(d, "token")) else {
+        let Some(name) = o.req_str(d, "name") else {
             continue;
         };
+        if !o.has("token") {
+            o.missing(d, "token");
+            continue;
+        }
+        let token = secret(&o, "token", unset, &mut c.unset_secrets, d);
         if token.is_empty() {
             d.warning(
                 o.span(),
                 &path,
-                format!("team `{name}` has an empty token and is ignored"),
+                format!("`{name}` has an empty token and is ignored"),
             );
             continue;
         }
-        c.auth_teams.push(TeamToken { name, token });
+        out.push(TeamToken { name, token });
+    }
+    out
+}
+
+/// A token that appears in two lists would make its holder's class depend on
+/// list order: refuse it.
+fn check_distinct_tokens(o: &Obj<'_>, c: &Config, d: &mut Diagnostics) {
+    let all = c
+        .auth_teams
+        .iter()
+        .map(|t| ("auth.teams", t))
+        .chain(c.auth_operators.iter().map(|t| ("auth.operators", t)))
+        .chain(c.auth_scrapers.iter().map(|t| ("auth.scrapers", t)));
+    let mut seen: Vec<(&str, &TeamToken)> = Vec::new();
+    for (list, t) in all {
+        if let Some((other, first)) = seen.iter().find(|(_, s)| s.token == t.token) {
+            d.error_hint(
+                o.span(),
+                "auth",
+                format!(
+                    "`{}` in {list} and `{}` in {other} have the same token",
+                    t.name, first.name
+                ),
+                "give every team, operator and scraper a token of its own",
+            );
+        }
+        seen.push((list, t));
     }
 }
 

@@ -28,6 +28,15 @@ pub struct Config {
     pub dedup: Dedup,
     pub max_runs: usize,
     pub auth_teams: Vec<TeamToken>,
+    /// May read, cancel, replay, decide and reload (the operator route class).
+    pub auth_operators: Vec<TeamToken>,
+    /// May read `/metrics` only, and only matters with `protect_metrics`.
+    pub auth_scrapers: Vec<TeamToken>,
+    pub protect_metrics: bool,
+    /// Secrets written as `${VAR}` (no default) whose variable is unset or empty.
+    /// Commands that act on them (`serve`, `run`) refuse to start; see
+    /// [`Config::require_secrets`].
+    pub unset_secrets: Vec<UnsetSecret>,
     pub providers: BTreeMap<String, Provider>,
     pub agents: BTreeMap<String, Agent>,
     pub pricing: BTreeMap<String, Price>,
@@ -42,6 +51,25 @@ pub struct Server {
     pub host: String,
     pub port: u16,
     pub max_body_bytes: u64,
+    /// Lets `serve` listen on a non-loopback address with no auth configured.
+    pub allow_unauthenticated: bool,
+    /// A new connection must send its request headers within this time.
+    pub header_read_timeout_seconds: f64,
+    /// A request body must arrive whole within this time.
+    pub body_read_timeout_seconds: f64,
+    /// A keep-alive connection is closed after this long without a request.
+    pub idle_timeout_seconds: f64,
+    /// At most this many open connections; `None`: from the open-files limit.
+    pub max_connections: Option<usize>,
+}
+
+/// A secret that expanded empty from a `${VAR}` without a default.
+#[derive(Debug, Clone)]
+pub struct UnsetSecret {
+    /// The config key, e.g. `auth.teams[0].token`.
+    pub key: String,
+    pub variable: String,
+    pub span: Span,
 }
 
 #[derive(Debug, Clone)]
@@ -121,6 +149,11 @@ impl Default for Config {
                 host: "127.0.0.1".into(),
                 port: 8000,
                 max_body_bytes: 1024 * 1024,
+                allow_unauthenticated: false,
+                header_read_timeout_seconds: 10.0,
+                body_read_timeout_seconds: 30.0,
+                idle_timeout_seconds: 60.0,
+                max_connections: None,
             },
             pipeline_config_dir: PathBuf::from("./pipelines"),
             step_library_dir: PathBuf::from("./samples/steps"),
@@ -136,6 +169,10 @@ impl Default for Config {
             },
             max_runs: 100,
             auth_teams: Vec::new(),
+            auth_operators: Vec::new(),
+            auth_scrapers: Vec::new(),
+            protect_metrics: false,
+            unset_secrets: Vec::new(),
             providers: BTreeMap::new(),
             agents: BTreeMap::new(),
             pricing: BTreeMap::new(),
@@ -228,8 +265,9 @@ impl Config {
             }
         };
         let lookup = |k: &str| std::env::var(k).ok();
-        let mut missing = Vec::new();
-        expand_tree(&mut root, &lookup, &mut missing);
+        let mut unset = decode::Unset::default();
+        expand_tree(&mut root, &lookup, &mut unset);
+        let mut missing: Vec<String> = unset.names().collect();
         missing.sort();
         missing.dedup();
         for name in missing {
@@ -240,13 +278,44 @@ impl Config {
             );
         }
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let config = decode(&root, &base, &mut d);
+        let config = decode(&root, &base, &unset, &mut d);
         let mut config = match config {
             Some(c) if !d.has_errors() => c,
             _ => return Err(Error::Invalid(d)),
         };
         config.file = Some(path.to_path_buf());
         Ok((config, d))
+    }
+
+    /// Whether any bearer token is configured for the API (teams or operators):
+    /// then every route but the open ones needs a credential.
+    pub fn auth_enabled(&self) -> bool {
+        !self.auth_teams.is_empty() || !self.auth_operators.is_empty()
+    }
+
+    /// Fails closed: every secret that expanded empty from a `${VAR}` without a
+    /// default is an error naming its key and variable. `${VAR:-}` and `""` mean
+    /// "not configured" and pass.
+    pub fn require_secrets(&self) -> Result<(), Diagnostics> {
+        if self.unset_secrets.is_empty() {
+            return Ok(());
+        }
+        let mut d = Diagnostics::new();
+        for s in &self.unset_secrets {
+            d.error_hint(
+                &s.span,
+                &s.key,
+                format!(
+                    "`${{{v}}}` expands to an empty string: the environment variable `{v}` is not set or empty",
+                    v = s.variable
+                ),
+                format!(
+                    "set {v} in the service's environment, or write `${{{v}:-}}` if this secret is deliberately not configured",
+                    v = s.variable
+                ),
+            );
+        }
+        Err(d)
     }
 
     /// The provider an agent uses, if both are configured.
