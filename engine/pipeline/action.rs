@@ -16,7 +16,16 @@ pub(super) fn action(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> Option<A
     let config = o
         .json_map(d, "executor_config")
         .unwrap_or(Json::Object(Default::default()));
-    let prompt = cx.template(o, "prompt_template", d);
+    // Messages people read (a human step's request, a notify to Telegram) escape
+    // every value they interpolate; other prompts go to machines as written.
+    let is_message = match executor_name.as_deref().and_then(ExecutorKind::parse) {
+        Some(ExecutorKind::Human) => true,
+        Some(ExecutorKind::Notify) => {
+            config.get("channel").and_then(Json::as_str) == Some("telegram")
+        }
+        _ => false,
+    };
+    let prompt = cx.template_as(o, "prompt_template", is_message, d);
     let timeout_seconds = o.seconds(d, "timeout_seconds").filter(|s| *s > 0.0);
     let executor_name = executor_name?;
     let Some(executor) = ExecutorKind::parse(&executor_name) else {

@@ -59,6 +59,9 @@ impl std::fmt::Debug for Templates {
     }
 }
 
+/// Marks a template id whose values are HTML-escaped.
+const HTML_SUFFIX: &str = "#html";
+
 impl Default for Templates {
     fn default() -> Self {
         Self::new()
@@ -77,11 +80,36 @@ impl Templates {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Chainable);
         env.set_keep_trailing_newline(true);
+        // Messages people read in Telegram or on the approval page keep their own
+        // markup while every value interpolated into them is escaped.
+        env.set_auto_escape_callback(|name| {
+            if name.ends_with(HTML_SUFFIX) {
+                minijinja::AutoEscape::Html
+            } else {
+                minijinja::AutoEscape::None
+            }
+        });
         Templates { env }
     }
 
     /// Compiles `source` under `id`.
     pub fn add(&mut self, id: &str, source: &str) -> Result<Template, CompileError> {
+        self.add_as(id, source, false)
+    }
+
+    /// Compiles a message template: its own markup is kept, every interpolated
+    /// value is HTML-escaped (Telegram's HTML mode and the web page).
+    pub fn add_html(&mut self, id: &str, source: &str) -> Result<Template, CompileError> {
+        self.add_as(id, source, true)
+    }
+
+    fn add_as(&mut self, id: &str, source: &str, html: bool) -> Result<Template, CompileError> {
+        let id = if html {
+            format!("{id}{HTML_SUFFIX}")
+        } else {
+            id.to_string()
+        };
+        let id = id.as_str();
         if source.is_empty() {
             return Ok(Template::empty());
         }
@@ -154,6 +182,24 @@ pub fn step_references(source: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn message_templates_escape_values_but_keep_their_markup() {
+        let mut t = Templates::new();
+        let src = "<b>{{ labels.service }}</b> {{ summary }}";
+        let html = t.add_html("m", src).unwrap();
+        let plain = t.add("p", src).unwrap();
+        let ctx = minijinja::Value::from_serialize(serde_json::json!({
+            "labels": {"service": "<script>alert(1)</script>"}, "summary": "a & b"}));
+        assert_eq!(
+            t.render(&html, &ctx).unwrap(),
+            "<b>&lt;script&gt;alert(1)&lt;&#x2f;script&gt;</b> a &amp; b"
+        );
+        assert_eq!(
+            t.render(&plain, &ctx).unwrap(),
+            "<b><script>alert(1)</script></b> a & b"
+        );
+    }
 
     #[test]
     fn renders_and_evaluates() {

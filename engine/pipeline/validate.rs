@@ -136,6 +136,18 @@ impl<'a> Ctx<'a> {
 
     /// Compiles the template at `o[key]` (absent: empty template).
     pub fn template(&mut self, o: &Obj<'_>, key: &str, d: &mut Diagnostics) -> Template {
+        self.template_as(o, key, false, d)
+    }
+
+    /// A template whose interpolated values are HTML-escaped when `html` (messages
+    /// read in Telegram or on the approval page).
+    pub fn template_as(
+        &mut self,
+        o: &Obj<'_>,
+        key: &str,
+        html: bool,
+        d: &mut Diagnostics,
+    ) -> Template {
         let Some(n) = o.get(key) else {
             return Template::empty();
         };
@@ -147,16 +159,31 @@ impl<'a> Ctx<'a> {
             );
             return Template::empty();
         }
-        self.template_node(n, &o.path_of(key), d)
+        self.template_node_as(n, &o.path_of(key), html, d)
             .unwrap_or_else(Template::empty)
     }
 
     /// Compiles a string node as a template, mapping syntax errors to the YAML line
     /// they sit on (inside block scalars too).
     pub fn template_node(&mut self, n: &Node, path: &str, d: &mut Diagnostics) -> Option<Template> {
+        self.template_node_as(n, path, false, d)
+    }
+
+    fn template_node_as(
+        &mut self,
+        n: &Node,
+        path: &str,
+        html: bool,
+        d: &mut Diagnostics,
+    ) -> Option<Template> {
         let source = n.as_str()?;
         self.check_refs(source, n, path, d);
-        match self.templates.add(path, source) {
+        let compiled = if html {
+            self.templates.add_html(path, source)
+        } else {
+            self.templates.add(path, source)
+        };
+        match compiled {
             Ok(t) => Some(t),
             Err(e) => {
                 let leading_blank = source.chars().take_while(|c| *c == '\n').count();
@@ -467,7 +494,8 @@ fn notifications(
             if !o.has("template") {
                 o.missing(d, "template");
             }
-            let template = cx.template(&o, "template", d);
+            let telegram = channel.as_deref() == Some("telegram");
+            let template = cx.template_as(&o, "template", telegram, d);
             let config = o
                 .json_map(d, "config")
                 .unwrap_or(serde_json::Value::Object(Default::default()));
