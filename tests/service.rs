@@ -452,12 +452,14 @@ async fn rejected_requests_answer_the_error_shape_and_store_nothing() {
             ),
         ),
     ];
-    let s = Intake::start(
+    let mut s = Intake::start(
         ", max_body_bytes: 2048",
-        "auth: {teams: [{name: sre, token: secret}, {name: payments, token: pay-token}]}",
+        "auth: {teams: [{name: sre, token: secret}, {name: payments, token: pay-token}], operators: [{name: ops, token: op-token}]}",
         &pipelines,
     )
     .await;
+    // Reading runs is an operator route.
+    s.bearer = Some("op-token".into());
     let sre = [("Authorization", "Bearer secret")];
     let critical = serde_json::to_vec(&sample(FIRING_CRITICAL)).unwrap();
     assert!(critical.len() < 2048);

@@ -5,6 +5,36 @@ use serde_json::{json, Value};
 
 use super::{load_config, Cli};
 
+/// How to reach the running server: `--url` / `$VECTORSTEP_URL` (default: the
+/// configured host and port) and `--token` / `$VECTORSTEP_TOKEN`.
+#[derive(Clone, Copy)]
+pub struct Server<'a> {
+    pub url: Option<&'a str>,
+    pub token: Option<&'a str>,
+}
+
+impl Server<'_> {
+    fn authorize(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self.token.filter(|t| !t.is_empty()) {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+}
+
+/// An answer the server refused on auth grounds, said as what to do.
+fn auth_hint(status: u16, base: &str) -> Option<anyhow::Error> {
+    match status {
+        401 => Some(anyhow::anyhow!(
+            "the server at {base} needs a token: pass --token or set VECTORSTEP_TOKEN to an operator token (auth.operators)"
+        )),
+        403 => Some(anyhow::anyhow!(
+            "the server at {base} refused this token: deciding and listing approvals need an operator token (auth.operators), not a team token"
+        )),
+        _ => None,
+    }
+}
+
 fn base_url(cli: &Cli, url: Option<&str>) -> anyhow::Result<String> {
     if let Some(u) = url {
         return Ok(u.trim_end_matches('/').to_string());
@@ -18,13 +48,25 @@ fn base_url(cli: &Cli, url: Option<&str>) -> anyhow::Result<String> {
     Ok(format!("http://{host}:{}", config.server.port))
 }
 
-pub fn list(cli: &Cli, url: Option<&str>, as_json: bool) -> anyhow::Result<i32> {
-    let base = base_url(cli, url)?;
+pub fn list(cli: &Cli, server: Server<'_>, as_json: bool) -> anyhow::Result<i32> {
+    let base = base_url(cli, server.url)?;
     let rt = tokio::runtime::Runtime::new()?;
     let body: Value = rt.block_on(async {
-        let resp = reqwest::get(format!("{base}/approvals"))
+        let resp = server
+            .authorize(reqwest::Client::new().get(format!("{base}/approvals")))
+            .send()
             .await
             .map_err(|e| anyhow::anyhow!("cannot reach the server at {base}: {e}"))?;
+        let status = resp.status().as_u16();
+        if let Some(e) = auth_hint(status, &base) {
+            return Err(e);
+        }
+        if status != 200 {
+            anyhow::bail!(
+                "server answered HTTP {status}: {}",
+                resp.text().await.unwrap_or_default()
+            );
+        }
         anyhow::Ok(resp.json::<Value>().await?)
     })?;
     if as_json {
@@ -55,19 +97,19 @@ pub fn list(cli: &Cli, url: Option<&str>, as_json: bool) -> anyhow::Result<i32> 
 
 pub fn decide(
     cli: &Cli,
-    url: Option<&str>,
+    server: Server<'_>,
     token: &str,
     approve: bool,
     by: Option<&str>,
 ) -> anyhow::Result<i32> {
-    let base = base_url(cli, url)?;
+    let base = base_url(cli, server.url)?;
     let by = by
         .map(str::to_string)
         .unwrap_or_else(|| std::env::var("USER").unwrap_or_else(|_| "cli".into()));
     let rt = tokio::runtime::Runtime::new()?;
     let (status, body) = rt.block_on(async {
-        let resp = reqwest::Client::new()
-            .post(format!("{base}/approvals/{token}"))
+        let resp = server
+            .authorize(reqwest::Client::new().post(format!("{base}/approvals/{token}")))
             .json(&json!({"decision": if approve { "approve" } else { "reject" }, "by": by}))
             .send()
             .await
@@ -75,8 +117,13 @@ pub fn decide(
         let status = resp.status().as_u16();
         anyhow::Ok((status, resp.json::<Value>().await.unwrap_or(Value::Null)))
     })?;
+    if let Some(e) = auth_hint(status, &base) {
+        return Err(e);
+    }
     match status {
         200 => {
+            // With an operator token the server records the operator, not `--by`.
+            let by = body.get("by").and_then(Value::as_str).unwrap_or(&by);
             println!("{} by {by}", if approve { "approved" } else { "rejected" });
             Ok(0)
         }

@@ -15,7 +15,11 @@ use crate::runner::Engine;
 
 mod approvals;
 mod intake;
+pub mod policy;
 mod runs;
+pub mod server;
+
+pub use policy::{Principal, RouteClass};
 
 /// Shared by every handler.
 pub struct AppState {
@@ -26,6 +30,9 @@ pub struct AppState {
     pub accepting: AtomicBool,
     /// Renders `/metrics`; `None` when no exporter is installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Signs the approval page's form (its CSRF token); loaded from, or first
+    /// written to, the store.
+    page_key: tokio::sync::OnceCell<[u8; 32]>,
 }
 
 impl AppState {
@@ -38,7 +45,40 @@ impl AppState {
             ready: AtomicBool::new(false),
             accepting: AtomicBool::new(true),
             metrics,
+            page_key: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The key behind the approval page's CSRF tokens: 32 random bytes kept in the
+    /// store (`kv`), so tokens survive a restart.
+    pub async fn page_key(&self) -> Result<[u8; 32], ApiError> {
+        const KEY: &str = "http.page_key";
+        let store = &self.engine.store;
+        let key = self
+            .page_key
+            .get_or_try_init(|| async {
+                let parse = |hex: &str| -> Option<[u8; 32]> {
+                    let bytes: Vec<u8> = (0..hex.len())
+                        .step_by(2)
+                        .filter_map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                        .collect();
+                    bytes.try_into().ok()
+                };
+                if let Some(k) = store.kv(KEY)?.as_deref().and_then(parse) {
+                    return Ok::<_, ApiError>(k);
+                }
+                let fresh: [u8; 32] = rand::random();
+                let hex: String = fresh.iter().map(|b| format!("{b:02x}")).collect();
+                store
+                    .commit(vec![crate::store::Write::SetKv {
+                        key: KEY.into(),
+                        value: hex,
+                    }])
+                    .await?;
+                Ok(fresh)
+            })
+            .await?;
+        Ok(*key)
     }
 }
 
@@ -90,22 +130,77 @@ impl From<crate::runner::Error> for ApiError {
     }
 }
 
+/// One route: where, how, for whom. The router is built from [`routes`] only, so
+/// a route cannot be served without a class.
+pub struct Route {
+    pub method: &'static str,
+    /// The path as axum matches it (`:name` for a parameter).
+    pub path: &'static str,
+    pub class: RouteClass,
+    handler: axum::routing::MethodRouter<Arc<AppState>>,
+}
+
+fn route(
+    method: &'static str,
+    path: &'static str,
+    class: RouteClass,
+    handler: axum::routing::MethodRouter<Arc<AppState>>,
+) -> Route {
+    Route {
+        method,
+        path,
+        class,
+        handler,
+    }
+}
+
+/// Every route `serve` answers, with its access class (see `policy`).
+pub fn routes() -> Vec<Route> {
+    use RouteClass::*;
+    vec![
+        route("POST", "/webhook", Trigger, post(intake::webhook)),
+        route(
+            "POST",
+            "/pipelines/:name/run",
+            Trigger,
+            post(intake::run_pipeline),
+        ),
+        route("GET", "/runs", Operator, get(runs::list)),
+        route("GET", "/runs/:id", Operator, get(runs::show)),
+        route("POST", "/runs/:id/cancel", Operator, post(runs::cancel)),
+        route("GET", "/approvals", Operator, get(approvals::list)),
+        route(
+            "GET",
+            "/approvals/:token",
+            ApprovalLink,
+            get(approvals::page),
+        ),
+        route(
+            "POST",
+            "/approvals/:token",
+            ApprovalLink,
+            post(approvals::decide),
+        ),
+        route("GET", "/metrics", Metrics, get(metrics)),
+        route(
+            "GET",
+            "/healthz",
+            Open,
+            get(|| async { (StatusCode::OK, "ok") }),
+        ),
+        route("GET", "/readyz", Open, get(readyz)),
+    ]
+}
+
 pub fn router(state: Arc<AppState>) -> Router {
     let max_body = state.engine.config.server.max_body_bytes as usize;
-    Router::new()
-        .route("/webhook", post(intake::webhook))
-        .route("/pipelines/:name/run", post(intake::run_pipeline))
-        .route("/runs", get(runs::list))
-        .route("/runs/:id", get(runs::show))
-        .route("/runs/:id/cancel", post(runs::cancel))
-        .route("/approvals", get(approvals::list))
-        .route(
-            "/approvals/:token",
-            get(approvals::page).post(approvals::decide),
-        )
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { (StatusCode::OK, "ok") }))
-        .route("/readyz", get(readyz))
+    let mut router = Router::new();
+    for r in routes() {
+        let guard =
+            axum::middleware::from_fn_with_state((state.clone(), r.class), policy::authorize);
+        router = router.route(r.path, r.handler.route_layer(guard));
+    }
+    router
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::from_fn(log_request))
         .with_state(state)

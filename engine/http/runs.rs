@@ -65,7 +65,16 @@ pub async fn show(
 pub async fn cancel(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
+    axum::Extension(who): axum::Extension<super::Principal>,
+    body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
+    // An operator credential names who cancelled; without auth the body's `by`.
+    let by = match who.operator() {
+        Some(op) => Some(op.to_string()),
+        None => serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v.get("by").and_then(Value::as_str).map(str::to_string)),
+    };
     let Some(run) = state.engine.store.run(&id)? else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "run not found"));
     };
@@ -75,8 +84,8 @@ pub async fn cancel(
             format!("run is already {}", run.status),
         ));
     }
-    state.engine.cancel(&id);
+    state.engine.cancel_by(&id, by.as_deref());
     Ok(Json(
-        json!({"status": "cancelling", "run_id": id, "detail": "the run stops at its next step boundary"}),
+        json!({"status": "cancelling", "run_id": id, "by": by, "detail": "the run stops at its next step boundary"}),
     ))
 }

@@ -200,7 +200,7 @@ pub(super) async fn drive(
                 "warn",
                 "run_cancelled",
                 "Run cancelled at a step boundary.",
-                json!({"before_step": entry.name()}),
+                json!({"before_step": entry.name(), "by": engine.cancelled_by(rs.id())}),
             )];
             return finish(&mut rs, "cancelled", None, Some("cancelled".into()), w).await;
         }
@@ -271,7 +271,7 @@ pub(super) async fn drive(
                 "warn",
                 "run_cancelled",
                 format!("Run cancelled during {}", entry.name()),
-                json!({"step": entry.name()}),
+                json!({"step": entry.name(), "by": engine.cancelled_by(rs.id())}),
             ));
             return finish(
                 &mut rs,

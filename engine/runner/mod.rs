@@ -129,6 +129,15 @@ pub struct ParentLink {
     pub step_path: String,
 }
 
+/// Who decided an approval: the name recorded as `by`, the channel it came
+/// through (`page`, `api`, `telegram`, ...) and, for the web, the client address.
+#[derive(Debug, Clone)]
+pub struct Decider {
+    pub by: String,
+    pub via: Option<&'static str>,
+    pub client: Option<String>,
+}
+
 pub struct Engine {
     pub store: Store,
     pub config: Arc<Config>,
@@ -137,7 +146,8 @@ pub struct Engine {
     pub http: reqwest::Client,
     pub clock: Arc<dyn Clock>,
     shutdown: tokio::sync::watch::Sender<bool>,
-    cancelled: Mutex<HashSet<String>>,
+    /// Runs asked to stop, with who asked (when known).
+    cancelled: Mutex<std::collections::HashMap<String, Option<String>>>,
     active: AtomicUsize,
     idle: tokio::sync::Notify,
     approval_signals: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
@@ -186,7 +196,7 @@ impl Engine {
                 .unwrap_or_default(),
             clock,
             shutdown,
-            cancelled: Mutex::new(HashSet::new()),
+            cancelled: Mutex::new(Default::default()),
             active: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
             approval_signals: Mutex::new(std::collections::HashMap::new()),
@@ -462,9 +472,16 @@ impl Engine {
 
     /// Asks a run to stop at its next step boundary.
     pub fn cancel(self: &Arc<Self>, run_id: &str) {
+        self.cancel_by(run_id, None);
+    }
+
+    /// Asks a run to stop at its next step boundary, recording who asked in its
+    /// `run_cancelled` event.
+    pub fn cancel_by(self: &Arc<Self>, run_id: &str, by: Option<&str>) {
         if let Ok(mut c) = self.cancelled.lock() {
-            c.insert(run_id.to_string());
+            c.insert(run_id.to_string(), by.map(str::to_string));
         }
+        tracing::info!(run_id = %run_id, by = by.unwrap_or(""), "Cancel requested.");
         // A run parked on an approval stops now rather than at its next poll.
         if let Ok(list) = self.store.approvals_of_run(run_id) {
             for a in list.iter().filter(|a| a.status == "pending") {
@@ -477,8 +494,16 @@ impl Engine {
     pub fn is_cancelled(&self, run_id: &str) -> bool {
         self.cancelled
             .lock()
-            .map(|c| c.contains(run_id))
+            .map(|c| c.contains_key(run_id))
             .unwrap_or(false)
+    }
+
+    /// Who cancelled `run_id`, if it was cancelled by someone known.
+    pub fn cancelled_by(&self, run_id: &str) -> Option<String> {
+        self.cancelled
+            .lock()
+            .ok()
+            .and_then(|c| c.get(run_id).cloned().flatten())
     }
 
     /// Stops starting new steps; steps in flight finish and are recorded.
@@ -539,6 +564,23 @@ impl Engine {
         approve: bool,
         by: &str,
     ) -> Result<Outcome, Error> {
+        let decider = Decider {
+            by: by.to_string(),
+            via: None,
+            client: None,
+        };
+        self.decide_approval_by(token, approve, &decider).await
+    }
+
+    /// Decides a pending approval, recording who decided, through what, and from
+    /// where, in the run log and the service log. The first decision wins.
+    pub async fn decide_approval_by(
+        self: &Arc<Self>,
+        token: &str,
+        approve: bool,
+        decider: &Decider,
+    ) -> Result<Outcome, Error> {
+        let by = decider.by.as_str();
         let now = self.now_ms();
         let status = if approve { "approved" } else { "rejected" };
         let Some(a) = self.store.approval(token)? else {
@@ -550,7 +592,16 @@ impl Engine {
             "info",
             "approval_decided",
             format!("Approval for {} {status} by {by}", a.step_path),
-            serde_json::json!({"step": a.step_path, "token": token, "decision": status, "by": by}),
+            {
+                let mut fields = serde_json::json!({"step": a.step_path, "token": token, "decision": status, "by": by});
+                if let Some(via) = decider.via {
+                    fields["via"] = via.into();
+                }
+                if let Some(client) = &decider.client {
+                    fields["client"] = client.as_str().into();
+                }
+                fields
+            },
         );
         let decide = Write::DecideApproval {
             token: token.to_string(),
@@ -568,6 +619,10 @@ impl Engine {
         if outcome == Outcome::ApprovalDecided {
             // Logged only for the decision that won, after it is durable.
             self.store.commit(vec![ev]).await?;
+            // At warn, beside "Approval requested": who decided is the audit trail.
+            tracing::warn!(target: "vectorstep::approval", run_id = %a.run_id, step = %a.step_path, decision = status, by = %by,
+                via = decider.via.unwrap_or("api"), client = decider.client.as_deref().unwrap_or(""),
+                "Approval {status} by {by}.");
             crate::telemetry::approval_decided(&a.pipeline_name, status);
             self.refresh_approvals_gauge();
             if !self.unpark(token) {

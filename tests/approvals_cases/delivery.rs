@@ -49,12 +49,15 @@ async fn a_hanging_telegram_leaves_the_page_working() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_route_posts_to_its_webhook_and_cancelling_closes_the_chat_message() {
     let hook = HoldingPeer::answering(Reply::ok()).await;
-    let auth = "auth: {teams: [{name: db, token: dbtok}, {name: sre, token: sretok}]}\n";
+    let auth = "auth: {teams: [{name: db, token: dbtok}, {name: sre, token: sretok}], operators: [{name: ops, token: optok}]}\n";
     let teams = format!(
         "approvers: []\n  teams:\n    db: {{channel: webhook, url: \"{}/hook\"}}\n",
         hook.url()
     );
-    let h = Harness::start_with(&[("gate", gate("gate", "production", 120.0))], auth, &teams).await;
+    let mut h =
+        Harness::start_with(&[("gate", gate("gate", "production", 120.0))], auth, &teams).await;
+    // Reading and cancelling runs are operator routes.
+    h.svc.bearer = Some("optok".into());
     let post = |token: &'static str| {
         h.http
             .post(h.svc.url("/pipelines/gate/run"))
@@ -85,6 +88,7 @@ async fn a_team_route_posts_to_its_webhook_and_cancelling_closes_the_chat_messag
     let cancel = h
         .http
         .post(h.svc.url(&format!("/runs/{sre_run}/cancel")))
+        .bearer_auth("optok")
         .send()
         .await
         .unwrap();

@@ -113,9 +113,13 @@ impl Harness {
 
     /// `POST /approvals/{token}` with a JSON decision; returns the status code.
     pub async fn decide(&self, token: &str, decision: &str) -> u16 {
-        self.http
-            .post(self.svc.url(&format!("/approvals/{token}")))
-            .json(&serde_json::json!({"decision": decision, "by": "alice"}))
+        let req = self.http.post(self.svc.url(&format!("/approvals/{token}")));
+        // With auth configured, deciding through the API is an operator's.
+        let req = match &self.svc.bearer {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
+        req.json(&serde_json::json!({"decision": decision, "by": "alice"}))
             .send()
             .await
             .expect("POST /approvals")

@@ -121,9 +121,18 @@ pub struct Service {
     /// When each SIGKILL was sent, oldest first.
     pub kills: Vec<Instant>,
     http: reqwest::Client,
+    /// Sent on the run routes when the service under test has auth configured.
+    pub bearer: Option<String>,
 }
 
 impl Service {
+    fn authed(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.bearer {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
     /// Starts `vectorstep serve` on `dir/config.yaml` and waits until it is ready.
     pub async fn start(dir: &Path) -> Service {
         let log = dir.join("serve.log");
@@ -139,6 +148,7 @@ impl Service {
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap(),
+            bearer: None,
         };
         s.wait_ready().await;
         s
@@ -241,8 +251,10 @@ impl Service {
     /// `POST /pipelines/{pipeline}/run`; asserts 202 accepted and returns the run id.
     pub async fn post_run(&self, pipeline: &str, body: Value) -> String {
         let resp = self
-            .http
-            .post(self.url(&format!("/pipelines/{pipeline}/run")))
+            .authed(
+                self.http
+                    .post(self.url(&format!("/pipelines/{pipeline}/run"))),
+            )
             .json(&body)
             .send()
             .await
@@ -257,8 +269,7 @@ impl Service {
     /// `GET /runs/{id}`.
     pub async fn get_run(&self, id: &str) -> Value {
         let resp = self
-            .http
-            .get(self.url(&format!("/runs/{id}")))
+            .authed(self.http.get(self.url(&format!("/runs/{id}"))))
             .send()
             .await
             .expect("GET run");
@@ -316,8 +327,7 @@ impl Service {
     /// `GET /runs?limit=500`.
     pub async fn list_runs(&self) -> Vec<Value> {
         let v: Value = self
-            .http
-            .get(self.url("/runs?limit=500"))
+            .authed(self.http.get(self.url("/runs?limit=500")))
             .send()
             .await
             .expect("GET runs")

@@ -45,6 +45,8 @@ pub struct Intake {
     pub svc: Service,
     _scratch: Scratch,
     pub http: reqwest::Client,
+    /// Sent on `get` (runs, metrics) when the service has auth configured.
+    pub bearer: Option<String>,
 }
 
 /// What the service answered.
@@ -114,6 +116,7 @@ impl Intake {
                 .timeout(Duration::from_secs(30))
                 .build()
                 .unwrap(),
+            bearer: None,
         }
     }
 
@@ -138,8 +141,14 @@ impl Intake {
         self.send(req).await
     }
 
+    /// `POST path` with a JSON body (and the operator token when one is set).
     pub async fn post(&self, path: &str, body: &Value) -> Answer {
-        self.post_raw(path, &[], body.to_string().into_bytes())
+        let auth = self.bearer.as_ref().map(|t| format!("Bearer {t}"));
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(a) = &auth {
+            headers.push(("authorization", a.as_str()));
+        }
+        self.post_raw(path, &headers, body.to_string().into_bytes())
             .await
     }
 
@@ -148,7 +157,12 @@ impl Intake {
     }
 
     pub async fn get(&self, path: &str) -> Answer {
-        self.send(self.http.get(self.url(path))).await
+        let req = self.http.get(self.url(path));
+        let req = match &self.bearer {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        };
+        self.send(req).await
     }
 
     pub async fn run(&self, id: &str) -> Value {
