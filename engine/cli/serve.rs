@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::validate::load_pipelines;
-use super::{load_config, Cli};
+use super::{load_acting_config, Cli};
 use vectorstep::clock::SystemClock;
 use vectorstep::executor::Executors;
 use vectorstep::http::{router, AppState};
@@ -16,8 +16,9 @@ use vectorstep::runner::{outbox, sweep, Engine};
 use vectorstep::store::Store;
 
 pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
-    let config = Arc::new(load_config(&cli.config)?);
+    let config = Arc::new(load_acting_config(&cli.config)?);
     super::init_logging(&config, &config.logging.level);
+    check_exposure(&config)?;
     let set = load_pipelines(&config, &[])?;
     let store = Store::open(&config.database_path).with_context(|| {
         format!(
@@ -50,13 +51,11 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         println!("vectorstep listening on http://{local}");
         let (stop_http, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let app = router(state.clone());
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop_rx.await;
-                })
-                .await
-        });
+        let limits = http_limits(&config);
+        tracing::info!(max_connections = limits.max_connections, "Connection limits set.");
+        let server = tokio::spawn(vectorstep::http::server::serve(listener, app, limits, async move {
+            let _ = stop_rx.await;
+        }));
 
         // Start-up: deliver notifications an earlier process recorded but did not
         // send, and sweep runs left `running` and resume the durable ones. Delivery
@@ -101,6 +100,51 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         tracing::info!("Stopped.");
         Ok(0)
     })
+}
+
+/// The HTTP limits from config, with the connection bound derived from the
+/// open-files limit (raised to its hard limit first).
+fn http_limits(config: &vectorstep::config::Config) -> vectorstep::http::server::Limits {
+    use vectorstep::http::server;
+    let open_files = server::raise_open_files_limit();
+    let secs = Duration::from_secs_f64;
+    server::Limits {
+        header_read_timeout: secs(config.server.header_read_timeout_seconds),
+        body_read_timeout: secs(config.server.body_read_timeout_seconds),
+        idle_timeout: secs(config.server.idle_timeout_seconds),
+        max_connections: server::connection_bound(open_files, config.server.max_connections),
+    }
+}
+
+/// Refuses an open API on a non-loopback address (unless the operator says so)
+/// and warns loudly about what is open.
+fn check_exposure(config: &vectorstep::config::Config) -> anyhow::Result<()> {
+    let host = config
+        .server
+        .host
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let loopback = host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !config.auth_enabled() {
+        if !loopback && !config.server.allow_unauthenticated {
+            anyhow::bail!(
+                "refusing to listen on {host} with no auth configured: anyone who can reach it could read every run, \
+                 decide approvals and cancel runs. Configure auth.operators and auth.teams tokens, listen on 127.0.0.1, \
+                 or set server.allow_unauthenticated: true if a proxy in front authenticates every request"
+            );
+        }
+        tracing::warn!(host = %host, "No auth configured: every route is open to anyone who can reach {host}. \
+            Set auth.operators (and auth.teams) tokens to protect runs, approvals and cancels.");
+    } else if config.auth_operators.is_empty() {
+        tracing::warn!(
+            "auth.teams is set but auth.operators is empty: nobody can read runs, list approvals, \
+            cancel or decide through the API (the approval page and Telegram still work)."
+        );
+    }
+    Ok(())
 }
 
 async fn wait_for_signal() {
