@@ -151,7 +151,11 @@ pub fn load(paths: &[PathBuf], config: &Config) -> (Option<PipelineSet>, Diagnos
 /// concern of this file's. `file` may itself lie in `folder`; its own name wins over
 /// any other file's there. Returns the set (`file`'s pipeline first) when no errors
 /// were found in `file` or in the files it needs; diagnostics either way.
-pub fn load_file(file: &Path, folder: &Path, config: &Config) -> (Option<PipelineSet>, Diagnostics) {
+pub fn load_file(
+    file: &Path,
+    folder: &Path,
+    config: &Config,
+) -> (Option<PipelineSet>, Diagnostics) {
     let mut d = Diagnostics::new();
     let library = load_library(config, &mut d);
     let Some((main, main_refs)) = read_one(file, config, &library, &mut d) else {

@@ -58,9 +58,7 @@ pub fn owner_lock_dir(database: &Path) -> PathBuf {
 pub fn owner_lock_path(database: &Path, owner: &str) -> Option<PathBuf> {
     let valid = owner.starts_with(OWNER_PREFIX)
         && owner.len() <= 64
-        && owner
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-');
+        && owner.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
     valid.then(|| owner_lock_dir(database).join(format!("{owner}.lock")))
 }
 

@@ -219,7 +219,11 @@ pub(super) fn mark_resumed(conn: &Connection, run_id: &str, at: i64) -> rusqlite
 }
 
 /// Sets or clears the owning process of a run (see `Write::SetRunOwner`).
-pub(super) fn set_owner(conn: &Connection, run_id: &str, owner: Option<&str>) -> rusqlite::Result<Outcome> {
+pub(super) fn set_owner(
+    conn: &Connection,
+    run_id: &str,
+    owner: Option<&str>,
+) -> rusqlite::Result<Outcome> {
     conn.prepare_cached("UPDATE pipeline_runs SET owner = ?2 WHERE id = ?1")?
         .execute(params![run_id, owner])?;
     Ok(Outcome::Done)
