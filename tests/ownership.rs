@@ -455,6 +455,118 @@ async fn sigint_with_a_step_that_never_answers_cancels_after_the_grace_and_serve
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sub_pipeline_runs_of_a_cli_run_are_its_own_and_are_adopted_with_it() {
+    let dir = Scratch::new();
+    let peer = HoldingPeer::start(|r| {
+        if r.path == "/x" && r.seq_path == 0 {
+            Answer::Never
+        } else {
+            Answer::Reply(Reply::ok())
+        }
+    })
+    .await;
+    let base = peer.url();
+    dir.write_pipeline(
+        "child",
+        &format!(
+            "name: child\nstage: production\ndurable: true\ntrigger: {{}}\nsteps:\n{}{}",
+            webhook("x", &base),
+            webhook("y", &base)
+        ),
+    );
+    dir.write_pipeline(
+        "parent",
+        &format!(
+            "name: parent\nstage: production\ndurable: true\ntrigger: {{match: {{source: generic}}}}\nsteps:\n{}  - name: sub\n    executor: pipeline\n    executor_config: {{pipeline: child}}\n{}",
+            webhook("a", &base),
+            webhook("c", &base)
+        ),
+    );
+    let mut cli = CliRun::start(&dir.root, "parent");
+    peer.wait_for_path("/x", 1).await;
+    let svc = Service::start(&dir.root).await;
+    tokio::time::sleep(TWO_OWNER_CHECKS).await;
+    let runs = svc.list_runs().await;
+    assert_eq!(runs.len(), 2, "parent and child: {runs:#?}");
+    for r in &runs {
+        let run = svc.get_run(&run_id(r)).await;
+        assert_eq!(run["status"], "running");
+        assert!(
+            events(&run, "run_resumed").is_empty(),
+            "{} was touched: {:?}",
+            run["pipeline_name"],
+            event_names(&run)
+        );
+    }
+    assert_eq!(peer.count_path("/x"), 1);
+
+    cli.kill9();
+    let parent = runs
+        .iter()
+        .find(|r| r["pipeline_name"] == "parent")
+        .expect("parent");
+    let run = svc.wait_terminal(&run_id(parent)).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    for (path, n) in [("/a", 1), ("/x", 2), ("/y", 1), ("/c", 1)] {
+        assert_eq!(peer.count_path(path), n, "{path}");
+    }
+    let child = runs
+        .iter()
+        .find(|r| r["pipeline_name"] == "child")
+        .expect("child");
+    let child = svc.get_run(&run_id(child)).await;
+    assert_eq!(child["status"], "completed");
+    assert_eq!(
+        events(&child, "run_resumed").len(),
+        1,
+        "{:?}",
+        event_names(&child)
+    );
+    assert_eq!(step(&run, "sub")["output"]["sub_run_id"], child["id"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_sigint_stops_at_once_and_sigterm_cancels_too() {
+    // A grace far longer than the test waits: only the second signal ends it in time.
+    let dir = Scratch::new();
+    dir.write_config("durability: {shutdown_grace_seconds: 600}");
+    let peer = peer_holding_b(|| Answer::Never).await;
+    dir.write_pipeline("p", &durable_abc(&peer.url()));
+    let mut cli = CliRun::start(&dir.root, "p");
+    peer.wait_for_path("/b", 1).await;
+    cli.signal(libc::SIGTERM);
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    while !std::fs::read_to_string(&cli.stderr)
+        .unwrap_or_default()
+        .contains("cancelling run")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no cancel notice\n{}",
+            cli.output()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    cli.signal(libc::SIGINT);
+    let status = cli.wait().await;
+    assert_eq!(status.code(), Some(2), "{}", cli.output());
+
+    let svc = Service::start(&dir.root).await;
+    let run = the_run(&svc).await;
+    assert_eq!(run["status"], "cancelled", "{:?}", event_names(&run));
+    assert_eq!(event(&run, "run_cancelled")["signal"], "SIGTERM");
+    assert_eq!(run["reason"], "cancelled by SIGTERM");
+    assert_eq!(
+        (
+            peer.count_path("/a"),
+            peer.count_path("/b"),
+            peer.count_path("/c")
+        ),
+        (1, 1, 0)
+    );
+}
+
 // ---------------------------------------------------------------------------
 // FILE loads only that file.
 // ---------------------------------------------------------------------------
