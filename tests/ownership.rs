@@ -586,6 +586,8 @@ fn fingerprint_and_run_of_a_file_ignore_a_sibling_with_the_same_name() {
     // In the pipeline folder: `main` and a draft of it under the same name.
     dir.write_pipeline("main", &main_pipeline("after"));
     dir.write_pipeline("main-draft", &main_pipeline("draft_step"));
+    // A half-written file that no run FILE here needs.
+    dir.write_pipeline("wip", "name: wip\nsteps: [unclosed\n");
     // Outside it: another file with a draft beside it.
     let elsewhere = dir.root.join("elsewhere");
     std::fs::create_dir_all(&elsewhere).unwrap();
@@ -646,4 +648,22 @@ fn a_file_naming_an_unknown_sub_pipeline_says_so() {
     assert_eq!(o.status.code(), Some(1));
     let err = text(&o.stderr);
     assert!(err.contains("unknown pipeline `nowhere`"), "{err}");
+}
+
+#[test]
+fn a_file_whose_sub_pipeline_is_invalid_reports_the_sub_pipeline_file() {
+    let dir = Scratch::new();
+    dir.write_pipeline(
+        "child",
+        "name: child\ntrigger: {}\nsteps:\n  - name: inner\n    executor: no_such_executor\n",
+    );
+    let file = dir.root.join("main.yaml");
+    std::fs::write(&file, main_pipeline("after")).unwrap();
+    let o = oneshot(&dir.root, &["fingerprint", &file.display().to_string()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("child.yaml"),
+        "the error points at the child's file:\n{err}"
+    );
 }
