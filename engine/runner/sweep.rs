@@ -99,8 +99,13 @@ pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
             None => runs.push(run),
             Some(owner) => {
                 if owners.gone(&owner) {
-                    adopted.insert(run.id.clone());
-                    runs.push(run);
+                    // Read again now that the owner's lock is ours: it may have
+                    // ended the run between the listing and the probe.
+                    if let Some(run) = engine.store.run(&run.id)?.filter(|r| r.status == "running")
+                    {
+                        adopted.insert(run.id.clone());
+                        runs.push(run);
+                    }
                 } else {
                     tracing::info!(run_id = %run.id, pipeline = %run.pipeline_name, owner = %owner, "Run left to the live `vectorstep run` process that owns it.");
                 }
