@@ -2,19 +2,22 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::io::IsTerminal;
 
 use anyhow::Context;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::validate::{find_pipeline, load_pipelines};
 use super::{load_config, Cli};
 use vectorstep::clock::{rfc3339, Clock, SystemClock};
 use vectorstep::config::Config;
 use vectorstep::executor::Executors;
+use vectorstep::runner::records::event;
 use vectorstep::runner::{sweep, Created, Engine, RunEnd};
-use vectorstep::store::{RunFilter, Store};
+use vectorstep::store::lock::OwnerLock;
+use vectorstep::store::{RunFilter, Store, Write};
 use vectorstep::{intake, view};
 
 pub struct RunArgs<'a> {
@@ -64,11 +67,19 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
             .ok_or_else(|| anyhow::anyhow!("--set expects key=value, got `{kv}`"))?;
         trigger.labels.insert(k.to_string(), v.to_string());
     }
+    // Taken before the run exists, so `serve` never sees it without a live owner;
+    // held until this process has finished with it (see `store::lock`).
+    let owner_lock = OwnerLock::acquire(&config.database_path)
+        .context("cannot take the lock that marks this process as the owner of its run")?;
     let store = open_store(&config)?;
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async move {
+    let owner = owner_lock.owner().to_string();
+    let result = rt.block_on(async move {
         let pipeline = set.get(&name).cloned().ok_or_else(|| anyhow::anyhow!("pipeline `{name}` vanished"))?;
         let engine = Engine::new(config.clone(), set, store.clone(), Executors::standard(&config), Arc::new(SystemClock));
+        engine.set_owner(&owner);
+        // Installed before the run starts: from here on SIGINT and SIGTERM cancel it.
+        let signals = Signals::install()?;
         let run_id = match engine.create_run(&pipeline, &trigger, &payload, None, None).await? {
             Created::Inserted(id) => id,
             Created::Duplicate { run_id: existing, .. } => {
@@ -80,7 +91,8 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
         let prompter = std::io::stdin()
             .is_terminal()
             .then(|| tokio::spawn(answer_on_terminal(engine.clone(), run_id.clone())));
-        let end = engine.drive(&run_id, false).await?;
+        let grace = Duration::from_secs(config.durability.shutdown_grace_seconds);
+        let end = drive_until_signal(&engine, &run_id, signals, grace).await?;
         if let Some(p) = prompter {
             p.abort();
         }
@@ -104,7 +116,152 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
             println!("tokens: {}  cost: ${:.4}", run.tokens_used, run.cost_usd);
         }
         Ok(if status == "completed" || status == "stopped" { 0 } else { 2 })
-    })
+    });
+    // Tasks an abandoned run left behind stop here, and the store's writer drains;
+    // a terminal prompt still reading stdin does not hold the exit back.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    // Only now: a run still `running` at this point (its driver failed) is left to
+    // `serve`, which adopts runs whose owner's lock is free.
+    drop(owner_lock);
+    result
+}
+
+/// SIGINT (Ctrl-C) and SIGTERM.
+struct Signals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+            terminate: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+        })
+    }
+
+    /// The name of the next signal received.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+}
+
+/// Drives the run; a signal cancels it. The first signal asks the run (and the
+/// sub-pipeline runs it started) to stop at the next step boundary, letting the step
+/// in flight finish for up to `grace`; when that runs out, or on a second signal, the
+/// driver is abandoned and the runs are recorded `cancelled` as they stand. Either
+/// way the run ends `cancelled` with `run_cancelled`, so no later `serve` resumes it.
+async fn drive_until_signal(
+    engine: &Arc<Engine>,
+    run_id: &str,
+    mut signals: Signals,
+    grace: Duration,
+) -> anyhow::Result<RunEnd> {
+    let drive = engine.drive(run_id, false);
+    tokio::pin!(drive);
+    let first = tokio::select! {
+        end = &mut drive => return Ok(end?),
+        sig = signals.next() => sig,
+    };
+    eprintln!(
+        "{first}: cancelling run {run_id} at the next step boundary; a step in flight has up to {}s to finish (send the signal again to stop at once)",
+        grace.as_secs()
+    );
+    let owned = owned_running(engine)?;
+    for id in &owned {
+        engine.cancel(id);
+    }
+    let forced = tokio::select! {
+        end = &mut drive => return Ok(end?),
+        _ = tokio::time::sleep(grace) => format!("grace of {}s over", grace.as_secs()),
+        sig = signals.next() => format!("second {sig}"),
+    };
+    eprintln!("{forced}: stopping now; the steps in flight are recorded failed");
+    let now = engine.now_ms();
+    let mut writes = Vec::new();
+    // Every run of this process still running: the run and its sub-pipeline runs.
+    for id in owned_running(engine)? {
+        writes.extend(cancel_as_it_stands(engine, &id, first, now)?);
+    }
+    engine.store.commit(writes).await?;
+    let status = engine
+        .store
+        .run(run_id)?
+        .map(|r| r.status)
+        .unwrap_or_else(|| "cancelled".into());
+    Ok(RunEnd::Finished(status))
+}
+
+/// The running runs this process owns.
+fn owned_running(engine: &Engine) -> anyhow::Result<Vec<String>> {
+    let owner = engine.owner().unwrap_or_default();
+    Ok(engine
+        .store
+        .owned_running_runs()?
+        .into_iter()
+        .filter(|(_, o)| o == owner)
+        .map(|(id, _)| id)
+        .collect())
+}
+
+/// The writes that end a run whose driver was abandoned: every step still
+/// `running` is recorded `failed` (its effect is unknown), then `run_cancelled`,
+/// `run_finished` and the `cancelled` status, as the driver's own cancellation does.
+fn cancel_as_it_stands(
+    engine: &Engine,
+    run_id: &str,
+    signal: &str,
+    now: i64,
+) -> anyhow::Result<Vec<Write>> {
+    let mut writes = Vec::new();
+    let mut in_flight = Vec::new();
+    for mut step in engine.store.steps(run_id)? {
+        if step.status != "running" {
+            continue;
+        }
+        in_flight.push(step.step_path.clone());
+        step.status = "failed".into();
+        step.finished_at = Some(now);
+        step.duration_ms = u64::try_from(now - step.started_at).ok();
+        step.error = Some(format!(
+            "the process was stopped by {signal} while this step was in flight; its effect is unknown"
+        ));
+        writes.push(Write::UpsertStep(step));
+    }
+    let reason = format!("cancelled by {signal}");
+    writes.push(event(
+        run_id,
+        now,
+        "warn",
+        "run_cancelled",
+        format!("Run cancelled by {signal}; in flight: {in_flight:?}"),
+        json!({"signal": signal, "in_flight": in_flight}),
+    ));
+    writes.push(event(
+        run_id,
+        now,
+        "warn",
+        "run_finished",
+        "Pipeline finished: cancelled",
+        json!({"status": "cancelled", "terminal_step": in_flight.first(), "reason": reason}),
+    ));
+    writes.push(Write::FinishRun {
+        run_id: run_id.to_string(),
+        status: "cancelled".into(),
+        completed_at: now,
+        terminal_step: in_flight.first().cloned(),
+        reason: Some(reason),
+        final_output_json: None,
+    });
+    writes.push(Write::CloseApprovalsOfRun {
+        run_id: run_id.to_string(),
+        at: now,
+    });
+    Ok(writes)
 }
 
 pub fn list(
@@ -195,11 +352,27 @@ pub fn sweep_dry_run(cli: &Cli) -> anyhow::Result<i32> {
     let set = load_pipelines(&config, &[])?;
     let store = open_store(&config)?;
     let now = SystemClock.now_ms();
-    let runs = store.runs_with_status("running")?;
+    let runs = store.running_runs_with_owners()?;
     if runs.is_empty() {
         println!("no running runs");
     }
-    for run in runs {
+    for (run, owner) in runs {
+        // What `serve` would do with a run of `vectorstep run` depends on whether
+        // that process still lives; probing its lock changes nothing.
+        let adopt = match sweep::ownership(&config.database_path, owner.as_deref()) {
+            sweep::Ownership::Serve => "",
+            sweep::Ownership::DeadCli => "adopt (its `vectorstep run` process died), ",
+            sweep::Ownership::LiveCli { pid, lock } => {
+                let pid = pid.map_or_else(|| "unknown".to_string(), |p| p.to_string());
+                println!(
+                    "{}  {}  left alone: owned by a live `vectorstep run` (pid {pid}, lock {})",
+                    run.id,
+                    run.pipeline_name,
+                    lock.display()
+                );
+                continue;
+            }
+        };
         match sweep::decide(&run, &set, &config, now) {
             sweep::Decision::Resume => {
                 let Some(p) = set.get(&run.pipeline_name) else {
@@ -207,7 +380,7 @@ pub fn sweep_dry_run(cli: &Cli) -> anyhow::Result<i32> {
                 };
                 let plan = vectorstep::run::plan::plan(p, &store.steps(&run.id)?);
                 println!(
-                    "{}  {}  resume: {} step(s) and {} branch(es) kept; in flight: {}; on_interrupted={}",
+                    "{}  {}  {adopt}resume: {} step(s) and {} branch(es) kept; in flight: {}; on_interrupted={}",
                     run.id,
                     run.pipeline_name,
                     plan.steps_skipped,
@@ -218,7 +391,7 @@ pub fn sweep_dry_run(cli: &Cli) -> anyhow::Result<i32> {
             }
             sweep::Decision::Interrupt { event, message, .. } => {
                 println!(
-                    "{}  {}  interrupt ({event}): {message}",
+                    "{}  {}  {adopt}interrupt ({event}): {message}",
                     run.id, run.pipeline_name
                 );
             }

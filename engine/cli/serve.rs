@@ -1,5 +1,6 @@
 //! `vectorstep serve`: open the store, bind HTTP, sweep and resume interrupted runs,
-//! serve until SIGTERM/SIGINT, then drain (SPEC 6.6) and exit 0.
+//! serve until SIGTERM/SIGINT, then drain (SPEC 6.6) and exit 0. The store's lock
+//! (`store::lock`) is held from before the store is opened until the very end.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,12 +14,17 @@ use vectorstep::clock::SystemClock;
 use vectorstep::executor::Executors;
 use vectorstep::http::{router, AppState};
 use vectorstep::runner::{outbox, sweep, Engine};
+use vectorstep::store::lock::ServeLock;
 use vectorstep::store::Store;
 
 pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
     let config = Arc::new(load_acting_config(&cli.config)?);
     super::init_logging(&config, &config.logging.level);
     check_exposure(&config)?;
+    // First of all: a second `serve` on this store stops here, before it binds,
+    // sweeps or migrates anything. Held (and its file removed) until `serve` returns.
+    let store_lock = ServeLock::acquire(&config.database_path)?;
+    tracing::debug!(lock = %store_lock.path().display(), "Store lock taken.");
     let set = load_pipelines(&config, &[])?;
     let store = Store::open(&config.database_path).with_context(|| {
         format!(
@@ -38,7 +44,7 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let engine = Engine::new(config.clone(), set, store, Executors::standard(&config), Arc::new(SystemClock));
         // Runs waiting for a human hold no task here (runner::park).
         engine.enable_parking();
@@ -74,6 +80,8 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             let engine = engine.clone();
             tokio::spawn(async move { sweep::resume_all(&engine, resumable).await });
         }
+        // Runs of `vectorstep run` processes that die from now on are adopted too.
+        let owners = tokio::spawn(sweep::watch_owners(engine.clone()));
         let scheduler = tokio::spawn(vectorstep::runner::schedule::run(engine.clone()));
         // After the sweep, so a press for a run that was just interrupted is answered
         // "already decided" instead of deciding it. Stops by itself when shutdown begins.
@@ -91,6 +99,7 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             tracing::warn!(still_running = engine.active_runs(), "Grace period over; steps still in flight will be re-run or escalated on the next start.");
         }
         scheduler.abort();
+        owners.abort();
         if let Some(p) = poller {
             p.abort();
         }
@@ -99,7 +108,12 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         tracing::info!("Stopped.");
         Ok(0)
-    })
+    });
+    // The runtime's tasks hold store handles; once they are gone the writer has
+    // committed everything, and only then may another `serve` take the store.
+    drop(rt);
+    drop(store_lock);
+    result
 }
 
 /// The HTTP limits from config, with the connection bound derived from the

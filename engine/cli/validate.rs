@@ -30,23 +30,22 @@ pub fn validate(cli: &Cli, paths: &[PathBuf]) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Finds a pipeline by name in the configured folder, or by file path (loading the
-/// file's folder so sub-pipeline references resolve).
+/// Finds a pipeline by name in the configured folder, or by file path. A file is
+/// loaded on its own (not its folder's other files), with the sub-pipelines it calls
+/// taken from the configured pipeline folder.
 pub fn find_pipeline(config: &Config, name_or_file: &str) -> anyhow::Result<(PipelineSet, String)> {
     let as_path = Path::new(name_or_file);
     if as_path.is_file() {
-        let dir = as_path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
+        let (set, diags) = pipeline::load_file(as_path, &config.pipeline_config_dir, config);
+        for d in diags.iter() {
+            eprintln!("{d}");
+        }
+        let Some(set) = set else {
+            anyhow::bail!("{} error(s); nothing was loaded", diags.error_count());
         };
-        let set = load_pipelines(config, &[dir])?;
-        let canonical = as_path.canonicalize()?;
         let name = set
             .pipelines
-            .iter()
-            .find(|p| p.file.canonicalize().ok().as_deref() == Some(canonical.as_path()))
+            .first()
             .map(|p| p.name.clone())
             .ok_or_else(|| anyhow::anyhow!("{name_or_file} holds no valid pipeline"))?;
         return Ok((set, name));

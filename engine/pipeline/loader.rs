@@ -145,6 +145,113 @@ pub fn load(paths: &[PathBuf], config: &Config) -> (Option<PipelineSet>, Diagnos
     }
 }
 
+/// Loads the one pipeline in `file`, plus the pipelines of `folder` it calls as
+/// sub-pipelines (directly or through others). Other files of `folder` are not
+/// loaded: a draft beside `file` that reuses its name, or does not validate, is no
+/// concern of this file's. `file` may itself lie in `folder`; its own name wins over
+/// any other file's there. Returns the set (`file`'s pipeline first) when no errors
+/// were found in `file` or in the files it needs; diagnostics either way.
+pub fn load_file(
+    file: &Path,
+    folder: &Path,
+    config: &Config,
+) -> (Option<PipelineSet>, Diagnostics) {
+    let mut d = Diagnostics::new();
+    let library = load_library(config, &mut d);
+    let Some((main, main_refs)) = read_one(file, config, &library, &mut d) else {
+        d.sort();
+        return (None, d);
+    };
+    // Every other file of the folder, by the name it declares, first file first;
+    // each keeps its own diagnostics until it turns out to be needed.
+    let own = file.canonicalize().ok();
+    let mut candidates: HashMap<String, PathBuf> = HashMap::new();
+    if !main_refs.is_empty() {
+        match yaml_files(folder) {
+            Ok(files) => {
+                for f in files {
+                    if f.canonicalize().ok() == own {
+                        continue;
+                    }
+                    if let Some(name) = declared_name(&f) {
+                        candidates.entry(name).or_insert(f);
+                    }
+                }
+            }
+            Err(e) => {
+                d.error(
+                    &Span::new(Arc::from(folder.display().to_string()), 1, 1),
+                    "",
+                    format!("cannot read the pipeline folder for sub-pipelines: {e}"),
+                );
+            }
+        }
+    }
+    let mut set = PipelineSet::default();
+    let mut refs = vec![(main.name.clone(), main_refs.clone())];
+    let mut wanted: Vec<String> = main_refs.iter().map(|r| r.0.clone()).collect();
+    let mut loaded = std::collections::HashSet::from([main.name.clone()]);
+    set.pipelines.push(Arc::new(main));
+    while let Some(name) = wanted.pop() {
+        if !loaded.insert(name.clone()) {
+            continue;
+        }
+        // An unknown name is reported by `check_subpipelines` below.
+        let Some(f) = candidates.get(&name) else {
+            continue;
+        };
+        if let Some((p, sub_refs)) = read_one(f, config, &library, &mut d) {
+            wanted.extend(sub_refs.iter().map(|r| r.0.clone()));
+            refs.push((p.name.clone(), sub_refs));
+            set.pipelines.push(Arc::new(p));
+        }
+    }
+    check_subpipelines(&set, &refs, &mut d);
+    d.sort();
+    if d.has_errors() {
+        (None, d)
+    } else {
+        (Some(set), d)
+    }
+}
+
+/// Reads, parses and validates one pipeline file, reporting problems into `d`.
+fn read_one(
+    file: &Path,
+    config: &Config,
+    library: &Library,
+    d: &mut Diagnostics,
+) -> Option<(Pipeline, Vec<validate::SubpipelineRef>)> {
+    let name: Arc<str> = Arc::from(file.display().to_string());
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) => {
+            d.error(&Span::new(name, 1, 1), "", format!("cannot read file: {e}"));
+            return None;
+        }
+    };
+    let root = match yaml::parse(&name, &text) {
+        Ok(n) => n,
+        Err(e) => {
+            d.error_hint(
+                &e.span,
+                "",
+                e.message,
+                "check indentation and quoting around this position",
+            );
+            return None;
+        }
+    };
+    validate::pipeline(&root, file, config, library, d)
+}
+
+/// The `name:` a pipeline file declares, if it parses far enough to say.
+fn declared_name(file: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let root = yaml::parse(&Arc::from(file.display().to_string()), &text).ok()?;
+    root.get("name")?.as_str().map(str::to_string)
+}
+
 type Refs = Vec<(String, Vec<validate::SubpipelineRef>)>;
 
 /// Every `executor: pipeline` names a loaded pipeline, and no pipeline reaches itself.

@@ -11,5 +11,5 @@ mod steps;
 pub mod template;
 mod validate;
 
-pub use loader::{load, PipelineSet};
+pub use loader::{load, load_file, PipelineSet};
 pub use model::*;

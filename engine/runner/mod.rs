@@ -165,6 +165,9 @@ pub struct Engine {
     parking_changed: tokio::sync::Notify,
     parking_enabled: std::sync::atomic::AtomicBool,
     keeper_started: std::sync::atomic::AtomicBool,
+    /// The `vectorstep run` process that owns every run this engine creates (the
+    /// name of its lock, see `store::lock`); unset in `serve`, whose runs are unowned.
+    owner: std::sync::OnceLock<String>,
 }
 
 /// A run as `create_run` recorded it, without its JSON copies (the driver keeps
@@ -207,7 +210,21 @@ impl Engine {
             parking_changed: tokio::sync::Notify::new(),
             parking_enabled: std::sync::atomic::AtomicBool::new(false),
             keeper_started: std::sync::atomic::AtomicBool::new(false),
+            owner: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Marks every run this engine creates from now on as owned by `owner`, a
+    /// `vectorstep run` process holding the lock of that name. `serve` leaves such
+    /// runs alone while the lock is held (see `sweep`). Set once; later calls are
+    /// ignored.
+    pub fn set_owner(&self, owner: &str) {
+        let _ = self.owner.set(owner.to_string());
+    }
+
+    /// The owner set by [`Engine::set_owner`].
+    pub fn owner(&self) -> Option<&str> {
+        self.owner.get().map(String::as_str)
     }
 
     pub fn pipelines(&self) -> Arc<PipelineSet> {
@@ -321,6 +338,14 @@ impl Engine {
             other => other,
         };
         let mut writes = vec![insert, started];
+        // In the run's own commit, so `serve` never sees it running without its owner.
+        // A deduplicated insert leaves no row for this fresh id, so the update is moot.
+        if let Some(owner) = self.owner.get() {
+            writes.push(Write::SetRunOwner {
+                run_id: id.clone(),
+                owner: Some(owner.clone()),
+            });
+        }
         // A first step that will certainly run is recorded as started in the same
         // commit: one writer round trip less per run, which is most of what a short
         // run costs. Only if the insert wins dedup, like `run_started`.

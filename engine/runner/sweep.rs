@@ -1,7 +1,13 @@
 //! The startup sweep (SPEC 6.3): for every run left `running`, decide whether to
 //! resume it or mark it `interrupted`, and say why. `decide` is pure so
 //! `vectorstep sweep --dry-run` prints exactly what a start would do.
+//!
+//! A run created by `vectorstep run` belongs to that process while it holds its
+//! lock (`store::lock`): the sweep leaves it alone, and `watch_owners` adopts it
+//! with the same decisions once the owner died without ending it.
 
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::json;
@@ -10,6 +16,7 @@ use super::records::event;
 use super::{Engine, Error};
 use crate::config::Config;
 use crate::pipeline::PipelineSet;
+use crate::store::lock::{self, FileLock, Probe};
 use crate::store::{RunRecord, Write};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -80,15 +87,189 @@ pub fn decide(run: &RunRecord, pipelines: &PipelineSet, config: &Config, now_ms:
 }
 
 /// Applies the sweep: interrupts what cannot resume and returns the runs to resume,
-/// oldest first. Nothing is started here.
+/// oldest first. Nothing is started here. A run owned by a live `vectorstep run`
+/// process is left alone; the runs of an owner that died are adopted like any other.
 pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
-    let runs = engine.store.runs_with_status("running")?;
+    let listed = engine.store.running_runs_with_owners()?;
+    let mut owners = Owners::new(engine.store.path());
+    let mut runs = Vec::new();
+    let mut adopted = HashSet::new();
+    for (run, owner) in listed {
+        match owner {
+            None => runs.push(run),
+            Some(owner) => {
+                if owners.gone(&owner) {
+                    // Read again now that the owner's lock is ours: it may have
+                    // ended the run between the listing and the probe.
+                    if let Some(run) = engine.store.run(&run.id)?.filter(|r| r.status == "running")
+                    {
+                        adopted.insert(run.id.clone());
+                        runs.push(run);
+                    }
+                } else {
+                    tracing::info!(run_id = %run.id, pipeline = %run.pipeline_name, owner = %owner, "Run left to the live `vectorstep run` process that owns it.");
+                }
+            }
+        }
+    }
+    let resume = settle(engine, runs, &adopted).await?;
+    // The dead owners' lock files go once their runs are ours.
+    drop(owners);
+    Ok(resume)
+}
+
+/// How often `serve` looks for runs whose `vectorstep run` owner died after the
+/// start-up sweep. Cheap: one indexed read of owned running runs and a `flock` try
+/// per owner.
+pub const OWNER_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Adopts, every [`OWNER_CHECK_INTERVAL`] until shutdown, the running runs of
+/// `vectorstep run` processes that died without ending them: the same decisions and
+/// events as the start-up sweep, then resumed in waves.
+pub async fn watch_owners(engine: Arc<Engine>) {
+    let mut shutdown = engine.shutdown_signal();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(OWNER_CHECK_INTERVAL) => {}
+            _ = shutdown.changed() => return,
+        }
+        if engine.is_shutting_down() {
+            return;
+        }
+        match adopt_orphans(&engine).await {
+            Ok(runs) if !runs.is_empty() => resume_all(&engine, runs).await,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "Could not check the owners of `vectorstep run` runs; trying again shortly.");
+            }
+        }
+    }
+}
+
+/// One pass of [`watch_owners`]: settles the runs of dead owners and returns those
+/// to resume.
+pub async fn adopt_orphans(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
+    let owned = engine.store.owned_running_runs()?;
+    if owned.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut owners = Owners::new(engine.store.path());
+    let mut runs = Vec::new();
+    let mut adopted = HashSet::new();
+    for (run_id, owner) in owned {
+        if !owners.gone(&owner) {
+            continue;
+        }
+        // Read after the owner's lock was taken: nothing changes it any more.
+        if let Some(run) = engine.store.run(&run_id)?.filter(|r| r.status == "running") {
+            adopted.insert(run.id.clone());
+            runs.push(run);
+        }
+    }
+    if runs.is_empty() {
+        return Ok(Vec::new());
+    }
+    tracing::warn!(
+        count = runs.len(),
+        "Adopting {} run(s) of a `vectorstep run` process that died without ending them.",
+        runs.len()
+    );
+    let resume = settle(engine, runs, &adopted).await?;
+    drop(owners);
+    Ok(resume)
+}
+
+/// Who owns a running run, as `sweep --dry-run` reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ownership {
+    /// `serve` owns it (or will, once started).
+    Serve,
+    /// A live `vectorstep run` process holds its lock: the sweep leaves it alone.
+    LiveCli { pid: Option<u32>, lock: PathBuf },
+    /// Its `vectorstep run` process died: the sweep adopts it.
+    DeadCli,
+}
+
+/// Probes the owner of a run without keeping its lock or removing anything.
+pub fn ownership(database: &Path, owner: Option<&str>) -> Ownership {
+    let Some(owner) = owner else {
+        return Ownership::Serve;
+    };
+    match lock::probe_owner(database, owner) {
+        Ok(Probe::Alive { pid, lock }) => Ownership::LiveCli { pid, lock },
+        Ok(Probe::Gone(held)) => {
+            if let Some(l) = held {
+                l.keep_file();
+            }
+            Ownership::DeadCli
+        }
+        // Unknown counts as alive: the sweep does not touch what it cannot check.
+        Err(_) => Ownership::LiveCli {
+            pid: None,
+            lock: lock::owner_lock_path(database, owner).unwrap_or_default(),
+        },
+    }
+}
+
+/// The owners probed by one pass, each once. Holds the locks of dead owners until
+/// dropped (after their runs were settled), which removes their files.
+struct Owners<'a> {
+    database: &'a Path,
+    seen: HashMap<String, bool>,
+    held: Vec<FileLock>,
+}
+
+impl<'a> Owners<'a> {
+    fn new(database: &'a Path) -> Self {
+        Owners {
+            database,
+            seen: HashMap::new(),
+            held: Vec::new(),
+        }
+    }
+
+    /// Whether `owner` died; its lock is kept (if its file was there).
+    fn gone(&mut self, owner: &str) -> bool {
+        if let Some(gone) = self.seen.get(owner) {
+            return *gone;
+        }
+        let gone = match lock::probe_owner(self.database, owner) {
+            Ok(Probe::Alive { .. }) => false,
+            Ok(Probe::Gone(held)) => {
+                self.held.extend(held);
+                true
+            }
+            Err(e) => {
+                // Not knowing is treated as alive: never take a run from a live owner.
+                tracing::warn!(owner, error = %e, "Cannot check the lock of a `vectorstep run` process; its runs are left alone.");
+                false
+            }
+        };
+        self.seen.insert(owner.to_string(), gone);
+        gone
+    }
+}
+
+/// Interrupts what cannot resume among `runs` and returns the rest, in order. The
+/// runs in `adopted` (whose owner died) become `serve`'s: their owner is cleared in
+/// the same commit.
+async fn settle(
+    engine: &Arc<Engine>,
+    runs: Vec<RunRecord>,
+    adopted: &HashSet<String>,
+) -> Result<Vec<RunRecord>, Error> {
     let pipelines = engine.pipelines();
     let now = engine.now_ms();
     let mut resume = Vec::new();
     let mut writes = Vec::new();
     let mut interrupted = Vec::new();
     for run in runs {
+        if adopted.contains(&run.id) {
+            writes.push(Write::SetRunOwner {
+                run_id: run.id.clone(),
+                owner: None,
+            });
+        }
         match decide(&run, &pipelines, &engine.config, now) {
             Decision::Resume => resume.push(run),
             Decision::Interrupt {

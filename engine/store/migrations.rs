@@ -16,7 +16,14 @@ pub(super) const MIGRATIONS: &[(&str, &str)] = &[
     ("0002_dedup_lookup", DEDUP_LOOKUP),
     ("0003_drop_redundant_index", DROP_REDUNDANT_INDEX),
     ("0004_partial_parent_index", PARTIAL_PARENT_INDEX),
+    ("0005_run_owner", RUN_OWNER),
 ];
+
+/// A run created by `vectorstep run` records the process that owns it (the name of
+/// its lock file, see `store::lock`); NULL means `serve` owns it. `serve` looks for
+/// owned running runs every few seconds, so only those rows are indexed.
+const RUN_OWNER: &str = "ALTER TABLE pipeline_runs ADD COLUMN owner TEXT;
+CREATE INDEX ix_pipeline_runs_owner ON pipeline_runs (owner) WHERE owner IS NOT NULL;";
 
 /// Only sub-pipeline children have a parent; indexing the NULLs of every other run
 /// cost each insert a B-tree update for nothing. Lookups by parent (`parent_run_id =

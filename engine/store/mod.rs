@@ -8,14 +8,16 @@
 //! for the writer and also work while another process (the running server) writes.
 //!
 //! Map: `writer` (the write path and [`Write`]/[`Outcome`]), `migrations` (schema),
-//! `connection` (pragmas, read pool, row decoding), then one file per table: `runs`,
-//! `steps`, `events`, `approvals`, `notifications`, `kv`.
+//! `connection` (pragmas, read pool, row decoding), `lock` (the `flock` sidecar files
+//! that say which process owns the store and which owns a run), then one file per
+//! table: `runs`, `steps`, `events`, `approvals`, `notifications`, `kv`.
 
 mod approvals;
 mod connection;
 mod error;
 mod events;
 mod kv;
+pub mod lock;
 mod migrations;
 mod notifications;
 mod runs;

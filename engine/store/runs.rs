@@ -218,7 +218,61 @@ pub(super) fn mark_resumed(conn: &Connection, run_id: &str, at: i64) -> rusqlite
     Ok(Outcome::Done)
 }
 
+/// Sets or clears the owning process of a run (see `Write::SetRunOwner`).
+pub(super) fn set_owner(
+    conn: &Connection,
+    run_id: &str,
+    owner: Option<&str>,
+) -> rusqlite::Result<Outcome> {
+    conn.prepare_cached("UPDATE pipeline_runs SET owner = ?2 WHERE id = ?1")?
+        .execute(params![run_id, owner])?;
+    Ok(Outcome::Done)
+}
+
 impl Store {
+    /// `(run id, owner)` of every running run owned by a `vectorstep run` process,
+    /// oldest first.
+    pub fn owned_running_runs(&self) -> Result<Vec<(String, String)>, Error> {
+        self.read(|conn| {
+            query_all(
+                conn,
+                TABLE,
+                "SELECT id, owner FROM pipeline_runs WHERE owner IS NOT NULL \
+                 AND status = 'running' ORDER BY triggered_at, id",
+                [],
+                |c| Ok((c.get("id")?, c.get("owner")?)),
+            )
+        })
+    }
+
+    /// Every running run with its owning `vectorstep run` process (`None`: `serve`
+    /// owns it), oldest first. One read, so a run and its owner are seen together.
+    pub fn running_runs_with_owners(&self) -> Result<Vec<(RunRecord, Option<String>)>, Error> {
+        self.read(|conn| {
+            let sql = format!(
+                "SELECT {COLUMNS}, owner FROM pipeline_runs WHERE status = 'running' \
+                 ORDER BY triggered_at, id"
+            );
+            query_all(conn, TABLE, &sql, [], |c| {
+                Ok((RunRecord::decode(c)?, c.get("owner")?))
+            })
+        })
+    }
+
+    /// The process owning a run, if a `vectorstep run` process does.
+    pub fn run_owner(&self, run_id: &str) -> Result<Option<String>, Error> {
+        self.read(|conn| {
+            query_opt(
+                conn,
+                TABLE,
+                "SELECT owner FROM pipeline_runs WHERE id = ?1",
+                [run_id],
+                |c| c.get("owner"),
+            )
+        })
+        .map(Option::flatten)
+    }
+
     pub fn run(&self, id: &str) -> Result<Option<RunRecord>, Error> {
         self.read(|conn| {
             let sql = format!("SELECT {COLUMNS} FROM pipeline_runs WHERE id = ?1");

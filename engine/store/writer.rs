@@ -98,6 +98,12 @@ pub enum Write {
         key: String,
         value: String,
     },
+    /// Sets (or with `None` clears) the process that owns a run: a `vectorstep run`
+    /// process, named by its lock (see `store::lock`). Unowned runs belong to `serve`.
+    SetRunOwner {
+        run_id: String,
+        owner: Option<String>,
+    },
 }
 
 /// What a write did; one per write, in the order of the batch. Outcomes other than
@@ -161,6 +167,7 @@ impl Write {
             Write::MarkNotification { .. } => "MarkNotification",
             Write::SetKv { .. } => "SetKv",
             Write::PruneFinishedBefore { .. } => "PruneFinishedBefore",
+            Write::SetRunOwner { .. } => "SetRunOwner",
         }
     }
 
@@ -219,6 +226,7 @@ impl Write {
             } => notifications::mark(conn, id, status, *at, error.as_deref()),
             Write::SetKv { key, value } => kv::set(conn, key, value),
             Write::PruneFinishedBefore { cutoff } => runs::prune(conn, *cutoff),
+            Write::SetRunOwner { run_id, owner } => runs::set_owner(conn, run_id, owner.as_deref()),
         }
     }
 }
