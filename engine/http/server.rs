@@ -460,7 +460,8 @@ mod tests {
         let (_d, _) = r.admit(2).unwrap();
         assert!(r.lock().contains_key(&b));
         // Every connection busy: the new one is refused.
-        for id in r.lock().keys().copied().collect::<Vec<_>>() {
+        let ids: Vec<u64> = r.lock().keys().copied().collect();
+        for id in ids {
             r.set_waiting(id, false);
         }
         assert!(r.admit(2).is_none());
