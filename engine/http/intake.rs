@@ -18,7 +18,6 @@ use super::{ApiError, AppState};
 use crate::pipeline::Stage;
 use crate::run::context::Normalised;
 use crate::runner::Created;
-use crate::store::RunFilter;
 
 /// The `source` label a refused trigger request is counted under in
 /// `webhooks_total`, as the handler would have counted it.
@@ -197,7 +196,9 @@ async fn accept(
             &pipeline.name,
             trigger.fingerprint.as_deref(),
             dedup_enabled.then_some(window),
-        )? {
+        )
+        .await?
+        {
             crate::telemetry::webhook(source, "deduplicated");
             let mut body = json!({"status": "deduplicated", "run_id": run_id, "reason": reason});
             merge(&mut body, common);
@@ -249,12 +250,10 @@ async fn accept(
 }
 
 /// The run an insert would be folded into as a duplicate (the same test as
-/// `store::Write::InsertRunDedup`: a `running` run with the fingerprint, or with a
-/// window, any run triggered inside it), with the reason to give. Read-only; used
-/// only when the cap refuses new runs. The window part looks at the newest
-/// [`OVERLOAD_DEDUP_SCAN`] runs of the pipeline at most, so a refused request stays
-/// cheap; a duplicate older than that is answered 429, as before.
-fn find_duplicate(
+/// `store::Write::InsertRunDedup`), with the reason to give. Read-only; used only
+/// when the cap refuses new runs: two index lookups on a blocking thread, so
+/// clients retrying 429s cannot starve the async workers that drive runs.
+async fn find_duplicate(
     engine: &crate::runner::Engine,
     pipeline: &str,
     fingerprint: Option<&str>,
@@ -263,56 +262,26 @@ fn find_duplicate(
     let Some(fingerprint) = fingerprint.filter(|f| !f.is_empty()) else {
         return Ok(None);
     };
-    let same = |r: &crate::store::RunRecord| r.dedup_fingerprint.as_deref() == Some(fingerprint);
-    let running = engine.store.runs(&RunFilter {
-        status: Some("running".into()),
-        pipeline: Some(pipeline.into()),
-        limit: 0,
-        offset: 0,
-    })?;
-    if let Some(r) = running.iter().find(|r| same(r)) {
-        return Ok(Some((
-            r.id.clone(),
-            format!("Duplicate of run {} (status=running)", r.id),
-        )));
-    }
-    let Some(window) = window_seconds else {
-        return Ok(None);
-    };
-    let window_start = engine.now_ms() - (window as i64) * 1000;
-    const PAGE: u32 = 200;
-    let mut offset = 0;
-    while offset < OVERLOAD_DEDUP_SCAN {
-        // Newest first, so the first run older than the window ends the search.
-        let page = engine.store.runs(&RunFilter {
-            status: None,
-            pipeline: Some(pipeline.into()),
-            limit: PAGE,
-            offset,
-        })?;
-        for r in &page {
-            if r.triggered_at < window_start {
-                return Ok(None);
-            }
-            if same(r) {
-                let reason = format!(
-                    "Duplicate of run {} (status={}) inside the dedup window",
-                    r.id, r.status
-                );
-                return Ok(Some((r.id.clone(), reason)));
-            }
-        }
-        if page.len() < PAGE as usize {
-            return Ok(None);
-        }
-        offset += PAGE;
-    }
-    Ok(None)
+    let window_start = window_seconds.map(|w| engine.now_ms() - (w as i64) * 1000);
+    let store = engine.store.clone();
+    let (pipeline, fingerprint) = (pipeline.to_string(), fingerprint.to_string());
+    let found = tokio::task::spawn_blocking(move || {
+        store.find_duplicate(&pipeline, &fingerprint, window_start)
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))??;
+    Ok(found.map(|d| {
+        let reason = if d.running {
+            format!("Duplicate of run {} (status=running)", d.run_id)
+        } else {
+            format!(
+                "Duplicate of run {} (status={}) inside the dedup window",
+                d.run_id, d.status
+            )
+        };
+        (d.run_id, reason)
+    }))
 }
-
-/// How many of a pipeline's newest runs an overloaded request searches for a
-/// duplicate inside the dedup window.
-const OVERLOAD_DEDUP_SCAN: u32 = 1_000;
 
 fn merge(into: &mut Value, from: Value) {
     if let (Value::Object(a), Value::Object(b)) = (into, from) {

@@ -37,7 +37,7 @@ pub use connection::raw_commit_probe;
 pub use error::Error;
 pub use events::EventRecord;
 pub use notifications::NotificationRecord;
-pub use runs::{RunFilter, RunRecord};
+pub use runs::{DuplicateOf, RunFilter, RunRecord};
 pub use steps::StepRecord;
 pub use writer::{Outcome, StoreStats, Write};
 

@@ -229,7 +229,67 @@ pub(super) fn set_owner(
     Ok(Outcome::Done)
 }
 
+/// The run a new one with this pipeline and fingerprint would be folded into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuplicateOf {
+    pub run_id: String,
+    pub status: String,
+    /// True when it is `running` (always suppresses), false when it is a run
+    /// triggered inside the dedup window.
+    pub running: bool,
+}
+
 impl Store {
+    /// The same test as an insert with dedup (`Write::InsertRunDedup`), read-only:
+    /// a `running` run of `pipeline` with `fingerprint`, else, with a window, the
+    /// newest run triggered since `window_start`. Two lookups on
+    /// `ix_pipeline_runs_dedup`, whatever the number of runs; used when the
+    /// concurrency cap refuses new runs, so a 429 costs no more than an insert.
+    pub fn find_duplicate(
+        &self,
+        pipeline: &str,
+        fingerprint: &str,
+        window_start: Option<i64>,
+    ) -> Result<Option<DuplicateOf>, Error> {
+        self.read(|conn| {
+            let running: Option<String> = conn
+                .prepare_cached(
+                    "SELECT id FROM pipeline_runs WHERE pipeline_name = ?1 \
+                     AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
+                )
+                .and_then(|mut st| {
+                    st.query_row(params![pipeline, fingerprint], |r| r.get(0))
+                        .optional()
+                })?;
+            if let Some(run_id) = running {
+                return Ok(Some(DuplicateOf {
+                    run_id,
+                    status: "running".into(),
+                    running: true,
+                }));
+            }
+            let Some(window_start) = window_start else {
+                return Ok(None);
+            };
+            conn.prepare_cached(
+                "SELECT id, status FROM pipeline_runs WHERE pipeline_name = ?1 \
+                 AND dedup_fingerprint = ?2 AND triggered_at >= ?3 \
+                 ORDER BY triggered_at DESC LIMIT 1",
+            )
+            .and_then(|mut st| {
+                st.query_row(params![pipeline, fingerprint, window_start], |r| {
+                    Ok(DuplicateOf {
+                        run_id: r.get(0)?,
+                        status: r.get(1)?,
+                        running: false,
+                    })
+                })
+                .optional()
+            })
+            .map_err(Error::from)
+        })
+    }
+
     /// `(run id, owner)` of every running run owned by a `vectorstep run` process,
     /// oldest first.
     pub fn owned_running_runs(&self) -> Result<Vec<(String, String)>, Error> {
