@@ -241,7 +241,11 @@ pub(super) fn decode(
         }
     }
     if let Some(n) = top.get("concurrency") {
-        if let Some(o) = Obj::new(n, "concurrency", &["max_runs"], &[], d) {
+        let keys = ["max_runs", "max_connections_per_host"];
+        if let Some(o) = Obj::new(n, "concurrency", &keys, &[], d) {
+            if let Some(v) = o.at_least_one(d, "max_connections_per_host") {
+                c.max_connections_per_host = v as usize;
+            }
             if let Some(v) = o.at_least_one(d, "max_runs") {
                 c.max_runs = v as usize;
             }

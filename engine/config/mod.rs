@@ -27,6 +27,8 @@ pub struct Config {
     pub durability: Durability,
     pub dedup: Dedup,
     pub max_runs: usize,
+    /// Requests in flight to one outbound peer (webhook target, LLM API) at most.
+    pub max_connections_per_host: usize,
     pub auth_teams: Vec<TeamToken>,
     /// May read, cancel, replay, decide and reload (the operator route class).
     pub auth_operators: Vec<TeamToken>,
@@ -168,6 +170,7 @@ impl Default for Config {
                 window_seconds: 300,
             },
             max_runs: 100,
+            max_connections_per_host: crate::executor::http::DEFAULT_MAX_CONNECTIONS_PER_HOST,
             auth_teams: Vec::new(),
             auth_operators: Vec::new(),
             auth_scrapers: Vec::new(),

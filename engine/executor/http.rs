@@ -120,11 +120,63 @@ impl Reply {
     }
 }
 
+/// The default bound on requests in flight to one peer (`scheme://host:port`).
+pub const DEFAULT_MAX_CONNECTIONS_PER_HOST: usize = 32;
+
+/// Requests in flight per peer, process-wide: with a permit held from sending until
+/// the answer is read, a peer never has more sockets from this process than the
+/// bound (the pool reuses them), however many runs call it at once. 5,000 runs
+/// against one webhook target used to open 5,000 sockets.
+struct PeerLimits {
+    per_host: std::sync::atomic::AtomicUsize,
+    peers: std::sync::Mutex<
+        std::collections::BTreeMap<String, std::sync::Arc<tokio::sync::Semaphore>>,
+    >,
+}
+
+static PEERS: PeerLimits = PeerLimits {
+    per_host: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_CONNECTIONS_PER_HOST),
+    peers: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+};
+
+/// Sets the per-peer bound (`concurrency.max_connections_per_host`) for peers not
+/// yet called; called once at start.
+pub fn set_max_connections_per_host(n: usize) {
+    PEERS
+        .per_host
+        .store(n.max(1), std::sync::atomic::Ordering::SeqCst);
+}
+
+fn peer_semaphore(url: &str) -> std::sync::Arc<tokio::sync::Semaphore> {
+    let key = redact(url);
+    let mut peers = match PEERS.peers.lock() {
+        Ok(p) => p,
+        Err(p) => p.into_inner(),
+    };
+    peers
+        .entry(key)
+        .or_insert_with(|| {
+            std::sync::Arc::new(tokio::sync::Semaphore::new(
+                PEERS.per_host.load(std::sync::atomic::Ordering::SeqCst),
+            ))
+        })
+        .clone()
+}
+
 /// Sends `req` and reads the answer. `what` names the call in error messages
-/// (`webhook POST`), `url` is shown without its path or query.
+/// (`webhook POST`), `url` is shown without its path or query. Waits for a free
+/// connection to the peer first (see [`PeerLimits`]); the request's own timeout
+/// starts once it is sent.
 pub async fn send(req: RequestBuilder, what: &str, url: &str) -> Result<Reply, Error> {
     let fail =
         |e: reqwest::Error| Error::Transport(format!("{what} to {}: {}", redact(url), describe(e)));
+    let semaphore = peer_semaphore(url);
+    let _permit = semaphore.acquire_owned().await.map_err(|_| {
+        Error::Transport(format!(
+            "{what} to {}: the client is shutting down",
+            redact(url)
+        ))
+    })?;
     let mut resp = req.send().await.map_err(fail)?;
     let status = resp.status();
     let mut bytes = Vec::new();

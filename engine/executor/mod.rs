@@ -102,7 +102,9 @@ impl Executors {
     /// runner itself, not through this table.
     pub fn standard(config: &Arc<Config>) -> Self {
         let mut e = Executors::empty();
-        // One client for every HTTP executor, so connections to a peer are pooled.
+        // One client for every HTTP executor, so connections to a peer are pooled,
+        // and at most this many of them per peer.
+        http::set_max_connections_per_host(config.max_connections_per_host);
         let client = http::client();
         e.register(ExecutorKind::Mock, Arc::new(mock::Mock));
         e.register(ExecutorKind::Shell, Arc::new(shell::Shell));
