@@ -142,6 +142,14 @@ async fn accept(
             "shutting down",
         ));
     }
+    // Refused up front rather than accepted into a store that cannot keep it (or into
+    // a database file that is no longer at its path); the sender retries later.
+    if let Some(reason) = state.engine.store.unwritable() {
+        return Err(
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
+                .detail(Value::from(reason)),
+        );
+    }
     let mut payload = if body.is_empty() && forced_pipeline.is_some() {
         json!({})
     } else {

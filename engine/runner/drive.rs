@@ -79,12 +79,13 @@ impl RunState {
         event(&self.run.id, self.now(), level, name, msg, fields)
     }
 
-    /// Commits `writes` together with any deferred ones.
+    /// Commits `writes` together with any deferred ones, waiting out a store that
+    /// cannot write for a while (see `persist`).
     pub async fn commit(&mut self, writes: Vec<Write>) -> Result<(), Error> {
         let mut all = std::mem::take(&mut self.deferred);
         all.extend(writes);
         if !all.is_empty() {
-            self.engine.store.commit(all).await?;
+            super::persist::commit(&self.engine, &self.run.id, all).await?;
         }
         Ok(())
     }
