@@ -55,7 +55,7 @@ pub(super) const WAL_SIZE_LIMIT_BYTES: i64 = 16 * 1024 * 1024;
 /// A WAL larger than this means passive checkpoints could not finish (readers kept
 /// old snapshots); the writer then forces a truncating one. Together these keep the
 /// WAL under [`WAL_BOUND_BYTES`] in steady traffic.
-pub(super) const WAL_FORCE_CHECKPOINT_BYTES: u64 = 24 * 1024 * 1024;
+pub(super) const WAL_FORCE_CHECKPOINT_BYTES: u64 = 20 * 1024 * 1024;
 
 /// The documented bound on the WAL file under steady traffic (docs/operations.md):
 /// the forced-checkpoint threshold plus one group commit's pages.

@@ -254,9 +254,9 @@ const TICK: Duration = Duration::from_secs(1);
 /// The `kv` key the probe writes (the time of the probe, unix ms).
 const PROBE_KEY: &str = "store_probe";
 
-/// How often at most the writer forces a truncating checkpoint on a WAL that passive
-/// checkpoints could not keep small (readers holding old snapshots).
-const FORCED_CHECKPOINT_EVERY: Duration = Duration::from_secs(10);
+/// After a forced checkpoint that readers kept from finishing, how long the writer
+/// waits before forcing another (each one may wait up to the busy timeout).
+const FORCED_CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
 
 struct Job {
     writes: Vec<Write>,
@@ -302,7 +302,7 @@ impl Writer {
                     counters: &thread_counters,
                     health,
                     wal: PathBuf::new(),
-                    last_forced: None,
+                    last_unfinished: None,
                 };
                 w.wal = wal_path(w.health.path());
                 w.run(rx)
@@ -350,7 +350,8 @@ struct Thread<'a> {
     counters: &'a Counters,
     health: Arc<Health>,
     wal: PathBuf,
-    last_forced: Option<Instant>,
+    /// When a forced checkpoint last failed to finish.
+    last_unfinished: Option<Instant>,
 }
 
 impl Thread<'_> {
@@ -481,12 +482,12 @@ impl Thread<'_> {
             return;
         }
         if self
-            .last_forced
-            .is_some_and(|t| t.elapsed() < FORCED_CHECKPOINT_EVERY)
+            .last_unfinished
+            .is_some_and(|t| t.elapsed() < FORCED_CHECKPOINT_RETRY)
         {
             return;
         }
-        self.last_forced = Some(Instant::now());
+        self.last_unfinished = None;
         let result: rusqlite::Result<(i64, i64, i64)> =
             self.conn
                 .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
@@ -494,15 +495,24 @@ impl Thread<'_> {
                 });
         match result {
             Ok((0, _, _)) => {
-                debug!(wal_bytes = size, "WAL over its bound; truncating checkpoint done.")
+                debug!(
+                    wal_bytes = size,
+                    "WAL over its bound; truncating checkpoint done."
+                )
             }
-            Ok((_, frames, done)) => warn!(
-                wal_bytes = size,
-                frames,
-                checkpointed = done,
-                "WAL over its bound and readers kept the checkpoint from finishing; trying again in 10 s."
-            ),
-            Err(e) => warn!(error = %e, wal_bytes = size, "WAL over its bound; the truncating checkpoint failed."),
+            Ok((_, frames, done)) => {
+                self.last_unfinished = Some(Instant::now());
+                warn!(
+                    wal_bytes = size,
+                    frames,
+                    checkpointed = done,
+                    "WAL over its bound and readers kept the checkpoint from finishing; trying again in a second."
+                )
+            }
+            Err(e) => {
+                self.last_unfinished = Some(Instant::now());
+                warn!(error = %e, wal_bytes = size, "WAL over its bound; the truncating checkpoint failed.")
+            }
         }
     }
 }
