@@ -373,7 +373,7 @@ impl Thread<'_> {
                     Err(_) => break,
                 }
             }
-            self.commit_group(jobs);
+            self.commit_group(jobs, true);
         }
     }
 
@@ -389,14 +389,16 @@ impl Thread<'_> {
                 value: now_ms().to_string(),
             }];
             let (reply, _rx) = oneshot::channel();
-            self.commit_group(vec![Job {
+            // Not counted: nobody submitted it.
+            let job = Job {
                 writes: probe,
                 reply,
-            }]);
+            };
+            self.commit_group(vec![job], false);
         }
     }
 
-    fn commit_group(&mut self, mut jobs: Vec<Job>) {
+    fn commit_group(&mut self, mut jobs: Vec<Job>, counted: bool) {
         if let Some(detail) = self.health.check_file() {
             let path = self.health.path().to_path_buf();
             for job in jobs {
@@ -416,9 +418,11 @@ impl Thread<'_> {
             match attempt(&mut self.conn, &jobs) {
                 Attempt::Committed(results) => {
                     self.health.write_succeeded();
-                    counters.transactions.fetch_add(1, Ordering::Relaxed);
                     let ok = results.iter().filter(|r| r.is_ok()).count();
-                    counters.committed.fetch_add(ok as u64, Ordering::Relaxed);
+                    if counted {
+                        counters.transactions.fetch_add(1, Ordering::Relaxed);
+                        counters.committed.fetch_add(ok as u64, Ordering::Relaxed);
+                    }
                     debug!(
                         batches = results.len(),
                         committed = ok,
