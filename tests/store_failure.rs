@@ -201,6 +201,11 @@ async fn a_lock_held_for_12_seconds_delays_runs_but_loses_none() {
     wait_readyz(&svc, 200).await;
     let again = post_run(&svc, "p", json!({"after": true})).await;
     assert_eq!(again.status, 202, "{}", again.text);
+    let again = again.json()["run_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_all_completed(&svc, &[again]).await;
     assert_eq!(peer.requests().len(), 4, "each first step ran exactly once");
 }
 
@@ -285,8 +290,37 @@ async fn a_full_disk_delays_runs_but_loses_none() {
     wait_readyz(&svc, 200).await;
     let again = post_run(&svc, "p", json!({"after": true})).await;
     assert_eq!(again.status, 202, "{}", again.text);
+    let again = again.json()["run_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_all_completed(&svc, &[again]).await;
     assert_eq!(peer.requests().len(), 4, "each first step ran exactly once");
     drop(svc);
+    drop(mount);
+}
+
+#[test]
+fn a_start_on_a_full_disk_says_so_and_exits_1() {
+    let dir = Scratch::new();
+    let data = dir.db_path().parent().unwrap().to_path_buf();
+    let mount = Tmpfs::mount(&data, 4);
+    dir.write_pipeline("p", &pipeline("p", &mock_step("first")));
+    fill(&data.join("filler"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vectorstep"))
+        .arg("--config")
+        .arg(dir.config_path())
+        .arg("serve")
+        .env_remove("VECTORSTEP_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run vectorstep serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("is full") && stderr.contains("free some space"),
+        "the error says the disk is full and what to do: {stderr}"
+    );
     drop(mount);
 }
 
@@ -330,8 +364,7 @@ async fn an_llm_reporting_2_pow_64_tokens_fails_the_step_and_the_run_follows_on_
     );
     dir.write_pipeline(
         "q",
-        &pipeline("q", &[agent("abort"), mock_step("after")].concat())
-            .replace("name: q\n", "name: q\n"),
+        &pipeline("q", &[agent("abort"), mock_step("after")].concat()),
     );
     let svc = Service::start(&dir.root).await;
 
@@ -451,10 +484,8 @@ async fn a_replaced_database_file_is_never_written() {
     std::fs::rename(&other, dir.db_path()).expect("replace the database file");
     let detail = assert_refused(&post_run(&svc, "p", json!({})).await, "intake");
     assert!(detail.contains("different file"), "{detail}");
-    assert_eq!(
-        wait_readyz(&svc, 503).await.contains("different file"),
-        true
-    );
+    let why = wait_readyz(&svc, 503).await;
+    assert!(why.contains("different file"), "{why}");
 }
 
 // ---------------------------------------------------------------------------
