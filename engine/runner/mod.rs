@@ -383,11 +383,13 @@ impl Engine {
             )
             .await;
             if let Err(e) = &result {
-                if persist::cannot_continue(e) {
+                if persist::must_close(self, e) {
                     // Closed (once the store takes writes) while still counted in
                     // progress: a run is never left `running` with nobody driving it.
                     tracing::error!(run_id = %run_id, error = %e, "Run driver failed; the run is closed as failed.");
                     persist::close_failed(self, run_id, e).await;
+                } else if matches!(e, Error::UnknownRun(_)) {
+                    tracing::error!(run_id = %run_id, error = %e, "Run driver failed.");
                 } else {
                     tracing::warn!(run_id = %run_id, error = %e, "Run driver stopped during shutdown with the store unwritable; the run stays running and resumes on the next start.");
                 }

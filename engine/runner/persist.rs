@@ -60,6 +60,34 @@ pub(super) async fn commit(
     }
 }
 
+/// A read the driver cannot go on without (its run, its step records), tried again
+/// with backoff like [`commit`] when it fails for a transient reason.
+pub(super) async fn read<T>(
+    engine: &Engine,
+    run_id: &str,
+    f: impl Fn() -> Result<T, crate::store::Error>,
+) -> Result<T, Error> {
+    let mut delay = FIRST_BACKOFF;
+    let mut failures: u64 = 0;
+    loop {
+        let error = match f() {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if !error.is_retriable() || engine.is_shutting_down() {
+            return Err(error.into());
+        }
+        failures += 1;
+        if failures == 1 {
+            tracing::warn!(run_id, error = %error, "The store cannot be read for the run; the run waits and tries again.");
+        }
+        if !wait_unless_shutdown(engine, delay).await {
+            return Err(error.into());
+        }
+        delay = (delay * 2).min(MAX_BACKOFF);
+    }
+}
+
 /// Sleeps for `delay`; `false` if shutdown began first.
 async fn wait_unless_shutdown(engine: &Engine, delay: Duration) -> bool {
     let mut signal = engine.shutdown_signal();
@@ -72,12 +100,12 @@ async fn wait_unless_shutdown(engine: &Engine, delay: Duration) -> bool {
     }
 }
 
-/// Whether a driver's error means the run can never go on: anything but a store
-/// failure still waiting to clear (the driver gave up on it because of shutdown) or a
-/// run that does not exist.
-pub(super) fn cannot_continue(e: &Error) -> bool {
+/// Whether a run whose driver ended with `e` must be closed now: always, except for a
+/// run that does not exist and for a transient store failure the driver stopped
+/// waiting out because shutdown began (the next start resumes that run).
+pub(super) fn must_close(engine: &Engine, e: &Error) -> bool {
     match e {
-        Error::Store(s) => !s.is_retriable(),
+        Error::Store(s) => !(s.is_retriable() && engine.is_shutting_down()),
         Error::UnknownRun(_) => false,
         Error::UnknownPipeline(_) | Error::CorruptRun { .. } => true,
     }

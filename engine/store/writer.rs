@@ -440,7 +440,12 @@ impl Thread<'_> {
                     return;
                 }
                 Attempt::Aborted { index, error } => {
-                    error!(%error, "A batch aborted the store transaction; retrying the others.");
+                    if self.health.write_failing() {
+                        // Already reported; the callers waiting it out try every 2 s.
+                        debug!(%error, "A batch aborted the store transaction again.");
+                    } else {
+                        error!(%error, "A batch aborted the store transaction; retrying the others.");
+                    }
                     if error.is_retriable() {
                         self.health.write_failed(&error.to_string());
                     }
@@ -451,7 +456,11 @@ impl Thread<'_> {
                     }));
                 }
                 Attempt::Failed { stage, error } => {
-                    error!(%error, stage, "The store group transaction failed.");
+                    if self.health.write_failing() {
+                        debug!(%error, stage, "The store group transaction failed again.");
+                    } else {
+                        error!(%error, stage, "The store group transaction failed.");
+                    }
                     let retriable = is_transient(&error);
                     let message = error.to_string();
                     if retriable {
