@@ -324,6 +324,79 @@ fn a_start_on_a_full_disk_says_so_and_exits_1() {
     drop(mount);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_server_on_a_full_disk_refuses_intake_and_recovers_on_its_own() {
+    let dir = Scratch::new();
+    let data = dir.db_path().parent().unwrap().to_path_buf();
+    let mount = Tmpfs::mount(&data, 32);
+    dir.write_pipeline("p", &pipeline("p", &mock_step("first")));
+    let svc = Service::start(&dir.root).await;
+    let filler = data.join("filler");
+    fill(&filler);
+
+    // Nothing has failed yet: the first request finds out, and stores nothing.
+    let refused = post_run(&svc, "p", json!({})).await;
+    let detail = assert_refused(&refused, "intake on a full disk");
+    assert!(detail.contains("full"), "{detail}");
+    let why = wait_readyz(&svc, 503).await;
+    assert!(why.contains("full"), "{why}");
+
+    // No traffic from here on: only the server's own probe can see the space come back.
+    std::fs::remove_file(&filler).expect("free the disk");
+    wait_readyz(&svc, 200).await;
+    let accepted = post_run(&svc, "p", json!({})).await;
+    assert_eq!(accepted.status, 202, "{}", accepted.text);
+    let id = accepted.json()["run_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(svc.wait_terminal(&id).await["status"], "completed");
+    let runs = svc.list_runs().await;
+    assert_eq!(
+        runs.len(),
+        1,
+        "the refused request stored nothing: {runs:#?}"
+    );
+    drop(svc);
+    drop(mount);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_during_an_outage_leaves_the_runs_for_the_next_start() {
+    let dir = Scratch::new();
+    let peer = HoldingPeer::start(|_| Answer::Hold(Reply::output(0.9, "first done"))).await;
+    let steps = [
+        webhook_step("first", &format!("{}/first", peer.url())),
+        mock_step("second"),
+    ]
+    .concat();
+    dir.write_pipeline(
+        "p",
+        &pipeline("p", &steps).replace("stage: production\n", "stage: production\ndurable: true\n"),
+    );
+    let mut svc = Service::start(&dir.root).await;
+    let ids = start_held_runs(&svc, &peer, 2).await;
+    let other = rusqlite::Connection::open(dir.db_path()).expect("open a second connection");
+    other
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("take the lock");
+    peer.release();
+    wait_readyz(&svc, 503).await;
+
+    // The waiting runs give up at once on SIGTERM; nothing is lost, nothing hangs.
+    let status = svc.sigterm(Duration::from_secs(40)).await;
+    assert!(status.success(), "{status}\n{}", svc.log_tail());
+    other.execute_batch("ROLLBACK").expect("release the lock");
+    drop(other);
+
+    svc.restart().await;
+    assert_all_completed(&svc, &ids).await;
+    for id in &ids {
+        let run = svc.get_run(id).await;
+        assert_eq!(events(&run, "run_resumed").len(), 1, "{run:#}");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // A value the store cannot hold.
 // ---------------------------------------------------------------------------

@@ -243,7 +243,17 @@ async fn accept(
             None,
             dedup_enabled.then_some(window),
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            // Nothing was stored: the same answer as when the store was already known
+            // to be failing, so a sender sees one shape for "try again later".
+            crate::runner::Error::Store(s) if s.is_retriable() => {
+                tracing::warn!(error = %s, "Store cannot take a new run; answering 503.");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
+                    .detail(Value::from(s.to_string()))
+            }
+            other => ApiError::from(other),
+        })?;
     match created {
         Created::Duplicate { run_id, reason } => {
             crate::telemetry::webhook(source, "deduplicated");
