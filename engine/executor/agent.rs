@@ -102,10 +102,14 @@ impl Agent {
             .extra
             .entry("provider")
             .or_insert_with(|| Value::from(agent.provider.clone()));
-        Ok(Outcome {
-            output,
-            usage: usage(&envelope, self.config.pricing.get(&agent.model)),
-        })
+        let usage = usage(&envelope, self.config.pricing.get(&agent.model)).map_err(|e| {
+            Error::BadOutput(format!(
+                "agent `{name}`: provider `{}` reported {e}; the attempt is failed rather than \
+                 recorded with a count the run's usage cannot hold",
+                agent.provider
+            ))
+        })?;
+        Ok(Outcome { output, usage })
     }
 }
 
@@ -179,26 +183,38 @@ pub fn extract_json(text: &str) -> Option<Value> {
     serde_json::from_str(&text[start..=end]).ok()
 }
 
+/// The most tokens one completion may report per direction. Far above any model's
+/// context window, far below what the run's totals (summed over many steps and kept
+/// as signed 64-bit integers in the store) can hold.
+pub const MAX_TOKENS_PER_CALL: u64 = 1_000_000_000;
+
 /// Tokens from the completion's `usage`, priced per million tokens when the model
-/// has a price.
-pub fn usage(envelope: &Value, price: Option<&Price>) -> Usage {
-    let count = |field: &str| {
-        envelope
-            .get("usage")
-            .and_then(|u| u.get(field))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
+/// has a price. A missing or `null` count is 0; a count that is not a whole number
+/// between 0 and [`MAX_TOKENS_PER_CALL`] is an error naming the field and the value.
+pub fn usage(envelope: &Value, price: Option<&Price>) -> Result<Usage, String> {
+    let count = |field: &str| -> Result<u64, String> {
+        let value = match envelope.get("usage").and_then(|u| u.get(field)) {
+            None | Some(Value::Null) => return Ok(0),
+            Some(v) => v,
+        };
+        match value.as_u64() {
+            Some(n) if n <= MAX_TOKENS_PER_CALL => Ok(n),
+            _ => Err(format!(
+                "`usage.{field}` = {}, which is not a token count (a whole number from 0 to {MAX_TOKENS_PER_CALL})",
+                http::excerpt(&value.to_string(), 60)
+            )),
+        }
     };
-    let input_tokens = count("prompt_tokens");
-    let output_tokens = count("completion_tokens");
-    Usage {
+    let input_tokens = count("prompt_tokens")?;
+    let output_tokens = count("completion_tokens")?;
+    Ok(Usage {
         input_tokens,
         output_tokens,
         cost_usd: price.map(|p| {
             (input_tokens as f64 * p.input_per_mtok + output_tokens as f64 * p.output_per_mtok)
                 / 1_000_000.0
         }),
-    }
+    })
 }
 
 /// `<base_url>/chat/completions`, whether or not the base URL ends in a slash.
@@ -269,11 +285,34 @@ mod tests {
             input_per_mtok: 3.0,
             output_per_mtok: 15.0,
         };
-        let u = usage(&envelope, Some(&price));
+        let u = usage(&envelope, Some(&price)).unwrap();
         assert_eq!((u.input_tokens, u.output_tokens), (1000, 500));
         let cost = u.cost_usd.unwrap();
         assert!((cost - 0.0105).abs() < 1e-12, "{cost}");
-        assert_eq!(usage(&json!({}), None), Usage::default());
+        assert_eq!(usage(&json!({}), None), Ok(Usage::default()));
+        let nulls = json!({"usage": {"prompt_tokens": null, "completion_tokens": 3}});
+        assert_eq!(usage(&nulls, None).unwrap().output_tokens, 3);
+    }
+
+    #[test]
+    fn usage_outside_a_sane_range_is_an_error() {
+        let cases = [
+            (json!(u64::MAX), "18446744073709551615"),
+            (json!(-1), "-1"),
+            (json!(i64::MAX), "9223372036854775807"),
+            (json!(MAX_TOKENS_PER_CALL + 1), "1000000001"),
+            (json!(1.5), "1.5"),
+            (json!("12"), "\"12\""),
+            (json!(1e300), "1e+300"),
+        ];
+        for (value, shown) in cases {
+            let envelope = json!({"usage": {"prompt_tokens": 10, "completion_tokens": value}});
+            let err = usage(&envelope, None).unwrap_err();
+            assert!(err.contains("`usage.completion_tokens`"), "{err}");
+            assert!(err.contains(shown), "{err} should show {shown}");
+        }
+        let max = json!({"usage": {"prompt_tokens": MAX_TOKENS_PER_CALL}});
+        assert_eq!(usage(&max, None).unwrap().input_tokens, MAX_TOKENS_PER_CALL);
     }
 
     #[test]

@@ -133,6 +133,14 @@ async fn accept(
             "shutting down",
         ));
     }
+    // Refused up front rather than accepted into a store that cannot keep it (or into
+    // a database file that is no longer at its path); the sender retries later.
+    if let Some(reason) = state.engine.store.unwritable() {
+        return Err(
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
+                .detail(Value::from(reason)),
+        );
+    }
     let mut payload = if body.is_empty() && forced_pipeline.is_some() {
         json!({})
     } else {
@@ -228,7 +236,17 @@ async fn accept(
             None,
             dedup_enabled.then_some(window),
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            // Nothing was stored: the same answer as when the store was already known
+            // to be failing, so a sender sees one shape for "try again later".
+            crate::runner::Error::Store(s) if s.is_retriable() => {
+                tracing::warn!(error = %s, "Store cannot take a new run; answering 503.");
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store unavailable")
+                    .detail(Value::from(s.to_string()))
+            }
+            other => ApiError::from(other),
+        })?;
     match created {
         Created::Duplicate { run_id, reason } => {
             crate::telemetry::webhook(source, "deduplicated");

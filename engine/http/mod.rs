@@ -207,14 +207,17 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 async fn readyz(axum::extract::State(state): axum::extract::State<Arc<AppState>>) -> Response {
-    if state.ready.load(Ordering::SeqCst) {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        (
+    if !state.ready.load(Ordering::SeqCst) {
+        return (
             StatusCode::SERVICE_UNAVAILABLE,
             "starting: the startup sweep has not finished",
         )
-            .into_response()
+            .into_response();
+    }
+    // Ready means able to take work: a store that cannot write would take none.
+    match state.engine.store.unwritable() {
+        None => (StatusCode::OK, "ready").into_response(),
+        Some(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason).into_response(),
     }
 }
 

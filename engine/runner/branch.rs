@@ -53,10 +53,12 @@ impl BranchJob {
             attempt: self.attempt,
             iteration: 1,
         });
-        self.engine
-            .store
-            .commit(vec![Write::UpsertStep(rec.clone())])
-            .await?;
+        super::persist::commit(
+            &self.engine,
+            &self.run_id,
+            vec![Write::UpsertStep(rec.clone())],
+        )
+        .await?;
         let key = records::idempotency_key(&self.run_id, &self.path, 1);
         let result = call_once(CallSpec {
             rs_engine: &self.engine,
@@ -97,9 +99,7 @@ impl BranchJob {
             format!("Branch {} {status}", self.path),
             json!({"branch": self.path, "group": self.group, "confidence": output.confidence, "error": error}),
         );
-        self.engine
-            .store
-            .commit(vec![Write::UpsertStep(rec), ev])
+        super::persist::commit(&self.engine, &self.run_id, vec![Write::UpsertStep(rec), ev])
             .await?;
         Ok(BranchEnd::Done(BranchDone {
             pos,

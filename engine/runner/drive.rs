@@ -79,12 +79,13 @@ impl RunState {
         event(&self.run.id, self.now(), level, name, msg, fields)
     }
 
-    /// Commits `writes` together with any deferred ones.
+    /// Commits `writes` together with any deferred ones, waiting out a store that
+    /// cannot write for a while (see `persist`).
     pub async fn commit(&mut self, writes: Vec<Write>) -> Result<(), Error> {
         let mut all = std::mem::take(&mut self.deferred);
         all.extend(writes);
         if !all.is_empty() {
-            self.engine.store.commit(all).await?;
+            super::persist::commit(&self.engine, &self.run.id, all).await?;
         }
         Ok(())
     }
@@ -138,9 +139,8 @@ pub(super) async fn drive(
     let (mut run, trigger, opened) = match fresh {
         Some(f) => (f.run, f.trigger, f.opened),
         None => {
-            let run = engine
-                .store
-                .run(&run_id)?
+            let run = super::persist::read(&engine, &run_id, || engine.store.run(&run_id))
+                .await?
                 .ok_or_else(|| Error::UnknownRun(run_id.clone()))?;
             if run.status != "running" {
                 return Ok(RunEnd::Finished(run.status));
@@ -158,7 +158,7 @@ pub(super) async fn drive(
     };
     // A run driven for the first time has no step records yet.
     let stored = if resume {
-        engine.store.steps(&run_id)?
+        super::persist::read(&engine, &run_id, || engine.store.steps(&run_id)).await?
     } else {
         Vec::new()
     };

@@ -512,7 +512,9 @@ async fn timed_out(
     let now = rs.now();
     // Branches cut off by the timeout are closed as failed so nothing looks in flight.
     let mut writes = Vec::new();
-    for r in rs.engine.store.steps(rs.id())? {
+    let stored =
+        super::persist::read(&rs.engine, rs.id(), || rs.engine.store.steps(rs.id())).await?;
+    for r in stored {
         if r.status == "running" && r.step_path.starts_with(&format!("{}/", shape.name)) {
             let mut r = r;
             records::finish(

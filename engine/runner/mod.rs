@@ -31,6 +31,7 @@ mod group;
 mod human;
 pub mod outbox;
 mod park;
+mod persist;
 pub mod records;
 pub mod retention;
 pub mod schedule;
@@ -416,10 +417,19 @@ impl Engine {
                 span,
             )
             .await;
-            self.release_slot();
             if let Err(e) = &result {
-                tracing::error!(run_id = %run_id, error = %e, "Run driver failed; the run stays running until the next start.");
+                if persist::must_close(self, e) {
+                    // Closed (once the store takes writes) while still counted in
+                    // progress: a run is never left `running` with nobody driving it.
+                    tracing::error!(run_id = %run_id, error = %e, "Run driver failed; the run is closed as failed.");
+                    persist::close_failed(self, run_id, e).await;
+                } else if matches!(e, Error::UnknownRun(_)) {
+                    tracing::error!(run_id = %run_id, error = %e, "Run driver failed.");
+                } else {
+                    tracing::warn!(run_id = %run_id, error = %e, "Run driver stopped during shutdown with the store unwritable; the run stays running and resumes on the next start.");
+                }
             }
+            self.release_slot();
             result
         })
     }

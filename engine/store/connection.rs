@@ -38,9 +38,32 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, Error> {
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     // Checkpoint every 16 MB of WAL instead of 4 MB: rows written and rewritten in
     // quick succession (a run's insert, then its finish) are copied back once.
-    conn.pragma_update(None, "wal_autocheckpoint", 4000)?;
+    conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
+    // Without a limit the WAL file keeps the size of its largest burst forever; with
+    // it, the file is cut back to this size each time the WAL starts over.
+    conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)?;
     Ok(conn)
 }
+
+/// Pages of WAL after which a commit runs a passive checkpoint (about 16 MB at the
+/// default 4 KB page size).
+pub(super) const WAL_AUTOCHECKPOINT_PAGES: i64 = 4000;
+
+/// What the WAL file is cut back to when it starts over (`journal_size_limit`).
+pub(super) const WAL_SIZE_LIMIT_BYTES: i64 = 16 * 1024 * 1024;
+
+/// A WAL larger than this means passive checkpoints could not finish (readers kept
+/// old snapshots); the writer then forces a truncating one. Together these keep the
+/// WAL under [`WAL_BOUND_BYTES`] in steady traffic.
+pub(super) const WAL_FORCE_CHECKPOINT_BYTES: u64 = 20 * 1024 * 1024;
+
+/// The documented bound on the WAL file under steady traffic (docs/operations.md):
+/// the forced-checkpoint threshold plus one group commit's pages.
+pub const WAL_BOUND_BYTES: u64 = 32 * 1024 * 1024;
+
+/// Free space the store wants at start-up: room for a full WAL and its checkpoint
+/// into the main file, with some margin (docs/operations.md).
+pub const MIN_FREE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Opens a read-only connection; the journal mode is a property of the file, so WAL
 /// set by the writer applies here too.

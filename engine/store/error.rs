@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in the store.
 ///
-/// Callers that want to retry (for example a webhook handler answering 503) should ask
-/// [`Error::is_retriable`] rather than matching on variants: only lock contention with
-/// another process and group-level failures caused by someone else's batch are worth
-/// another attempt; everything else will fail the same way again.
+/// Callers that want to retry (for example a webhook handler answering 503, or a run's
+/// driver waiting for the store to come back) should ask [`Error::is_retriable`] rather
+/// than matching on variants: lock contention with another process, a full disk, an
+/// I/O error and a database file that is no longer where it was opened are conditions
+/// of the machine that an operator (or time) can clear; everything else will fail the
+/// same way again.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot create the database directory {path}: {source}")]
@@ -63,6 +65,26 @@ pub enum Error {
     #[error("the store's writer thread has stopped")]
     WriterGone,
 
+    /// The database path no longer names the file this process has open (deleted,
+    /// or replaced by another file): anything committed now would land in a file
+    /// nobody will read again, so nothing is committed until the path is restored.
+    #[error(
+        "the database file {path} is no longer the file this process opened ({detail}); \
+         nothing is written until it is restored; restart vectorstep to use the file now at that path"
+    )]
+    FileReplaced { path: PathBuf, detail: String },
+
+    /// The disk holding the database is full at start-up.
+    #[error(
+        "the disk holding {path} is full ({detail}); free some space there (the store needs \
+         at least {needed_mb} MB free to start) and start again"
+    )]
+    DiskFull {
+        path: PathBuf,
+        detail: String,
+        needed_mb: u64,
+    },
+
     /// A row holds a value its Rust type cannot represent (a NULL in a required column,
     /// a negative token count, text in an integer column...).
     #[error("corrupt row in {table}.{column}: {detail}")]
@@ -77,18 +99,35 @@ impl Error {
     /// Whether the same operation may succeed if tried again later.
     pub fn is_retriable(&self) -> bool {
         match self {
-            Error::Sqlite(e) | Error::Write { source: e, .. } => is_busy(e),
+            Error::Sqlite(e) | Error::Write { source: e, .. } => is_transient(e),
             Error::Transaction { retriable, .. } => *retriable,
+            Error::FileReplaced { .. } => true,
             _ => false,
         }
     }
 }
 
-/// Busy and locked mean another connection held the lock for longer than the busy
-/// timeout; nothing is wrong with the data or the request.
-pub(super) fn is_busy(e: &rusqlite::Error) -> bool {
+/// Whether SQLite failed because of the machine rather than the data or the request:
+/// busy and locked (another connection held the lock for longer than the busy
+/// timeout), a full disk, an I/O error, a file made read-only or that cannot be
+/// opened (its folder changed under the process). The same writes may succeed once
+/// the condition clears.
+pub(super) fn is_transient(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode as C;
     matches!(
         e.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        Some(
+            C::DatabaseBusy
+                | C::DatabaseLocked
+                | C::DiskFull
+                | C::SystemIoFailure
+                | C::ReadOnly
+                | C::CannotOpen
+        )
     )
+}
+
+/// A full disk, as SQLite reports it.
+pub(super) fn is_disk_full(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
 }

@@ -7,15 +7,17 @@
 //! Reads are synchronous and use separate read-only connections, so they never wait
 //! for the writer and also work while another process (the running server) writes.
 //!
-//! Map: `writer` (the write path and [`Write`]/[`Outcome`]), `migrations` (schema),
-//! `connection` (pragmas, read pool, row decoding), `lock` (the `flock` sidecar files
-//! that say which process owns the store and which owns a run), then one file per
+//! Map: `writer` (the write path and [`Write`]/[`Outcome`]), `health` (whether the
+//! store can write, whether its path still names the open file), `migrations`
+//! (schema), `connection` (pragmas, read pool, row decoding), `lock` (the `flock` sidecar
+//! files that say which process owns the store and which owns a run), then one file per
 //! table: `runs`, `steps`, `events`, `approvals`, `notifications`, `kv`.
 
 mod approvals;
 mod connection;
 mod error;
 mod events;
+mod health;
 mod kv;
 pub mod lock;
 mod migrations;
@@ -33,15 +35,16 @@ use std::sync::Arc;
 use rusqlite::Connection;
 
 pub use approvals::ApprovalRecord;
-pub use connection::raw_commit_probe;
+pub use connection::{raw_commit_probe, MIN_FREE_BYTES, WAL_BOUND_BYTES};
 pub use error::Error;
 pub use events::EventRecord;
 pub use notifications::NotificationRecord;
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
 pub use steps::StepRecord;
-pub use writer::{Outcome, StoreStats, Write};
+pub use writer::{Outcome, Rejected, StoreStats, Write};
 
 use connection::ReadPool;
+use health::Health;
 use writer::Writer;
 
 /// A handle to the database. Cheap to clone; all clones share one writer thread and
@@ -56,7 +59,12 @@ struct Inner {
     path: PathBuf,
     readers: ReadPool,
     writer: Writer,
+    health: Arc<Health>,
 }
+
+/// Free space under which the store refuses to start: SQLite could not even grow
+/// the WAL by a few pages.
+const REFUSE_BELOW_FREE_BYTES: u64 = 1024 * 1024;
 
 impl Store {
     /// Opens (creating if needed) the database at `path`, brings its schema up to date
@@ -68,16 +76,28 @@ impl Store {
                 source,
             })?;
         }
-        let mut conn: Connection = connection::open_writer(path)?;
-        migrations::apply(&mut conn)?;
-        let writer = Writer::spawn(conn)?;
+        check_free_space(path)?;
+        let mut conn: Connection =
+            connection::open_writer(path).map_err(|e| disk_full_at_start(path, e))?;
+        migrations::apply(&mut conn).map_err(|e| disk_full_at_start(path, e))?;
+        let health = Arc::new(Health::new(path));
+        let writer = Writer::spawn(conn, Arc::clone(&health))?;
         Ok(Store {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
                 readers: ReadPool::new(path.to_path_buf()),
                 writer,
+                health,
             }),
         })
+    }
+
+    /// Why the store cannot take writes right now (`None` when it can): the last
+    /// commit failed for a transient reason (busy, full disk, I/O) and none has
+    /// succeeded since, or the database path no longer names the file this process
+    /// opened. The file is checked afresh on every call (one `stat`).
+    pub fn unwritable(&self) -> Option<String> {
+        self.inner.health.problem()
     }
 
     pub fn path(&self) -> &Path {
@@ -91,16 +111,32 @@ impl Store {
     /// Dropping the returned future does not cancel the batch: once submitted it is
     /// committed (or fails) regardless.
     pub async fn commit(&self, writes: Vec<Write>) -> Result<Vec<Outcome>, Error> {
+        self.commit_or_return(writes).await.map_err(|r| r.error)
+    }
+
+    /// [`Store::commit`], handing the writes back when they were not committed, so
+    /// that a caller who waits out a transient failure ([`Error::is_retriable`]) can
+    /// submit the same batch again without having kept a copy.
+    pub async fn commit_or_return(&self, writes: Vec<Write>) -> Result<Vec<Outcome>, Rejected> {
         let reply = self.inner.writer.submit(writes)?;
-        reply.await.map_err(|_| Error::WriterGone)?
+        match reply.await {
+            Ok(result) => result,
+            Err(_) => Err(Rejected {
+                error: Error::WriterGone,
+                writes: Vec::new(),
+            }),
+        }
     }
 
     /// [`Store::commit`] for synchronous code: the CLI, tests, `spawn_blocking`.
     /// It blocks the calling thread, so it must not be called from async code running
     /// on a tokio worker (tokio panics there); use `commit` instead.
     pub fn commit_blocking(&self, writes: Vec<Write>) -> Result<Vec<Outcome>, Error> {
-        let reply = self.inner.writer.submit(writes)?;
-        reply.blocking_recv().map_err(|_| Error::WriterGone)?
+        let reply = self.inner.writer.submit(writes).map_err(|r| r.error)?;
+        reply
+            .blocking_recv()
+            .map_err(|_| Error::WriterGone)?
+            .map_err(|r| r.error)
     }
 
     /// Counters of the write path since this store was opened.
@@ -124,6 +160,65 @@ impl Store {
 
     fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T, Error>) -> Result<T, Error> {
         self.inner.readers.with(f)
+    }
+}
+
+/// Refuses to start on a disk with no room left, and warns when it is short.
+fn check_free_space(path: &Path) -> Result<(), Error> {
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(d) => d,
+        None => Path::new("."),
+    };
+    let Some(free) = free_bytes(dir) else {
+        return Ok(());
+    };
+    if free < REFUSE_BELOW_FREE_BYTES {
+        return Err(Error::DiskFull {
+            path: path.to_path_buf(),
+            detail: format!("{free} bytes free in {}", dir.display()),
+            needed_mb: MIN_FREE_BYTES / (1024 * 1024),
+        });
+    }
+    if free < MIN_FREE_BYTES {
+        tracing::warn!(
+            path = %path.display(),
+            free_mb = free / (1024 * 1024),
+            wanted_mb = MIN_FREE_BYTES / (1024 * 1024),
+            "Little free space for the store; commits fail (and runs wait, intake answers 503) once it runs out."
+        );
+    }
+    Ok(())
+}
+
+/// Bytes an unprivileged process may still write in `dir`, if the system says.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a valid NUL-terminated path and `stat` is a plain C struct that
+    // statvfs fills in; it is read only when the call succeeded.
+    unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut stat) != 0 {
+            return None;
+        }
+        Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+    }
+}
+
+/// A full disk while opening or migrating says so, instead of a bare SQLite code.
+fn disk_full_at_start(path: &Path, e: Error) -> Error {
+    let full = match &e {
+        Error::Sqlite(s) | Error::Migration { source: s, .. } => error::is_disk_full(s),
+        _ => false,
+    };
+    if full {
+        Error::DiskFull {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+            needed_mb: MIN_FREE_BYTES / (1024 * 1024),
+        }
+    } else {
+        e
     }
 }
 

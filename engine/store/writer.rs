@@ -6,17 +6,27 @@
 //! is rolled back alone and only its caller sees the error, while everybody else
 //! shares a single COMMIT and therefore a single fsync. That is what lets hundreds of
 //! concurrent runs persist every step without each paying for its own disk flush.
+//!
+//! The thread also keeps the store's [`Health`]: before each group it checks that the
+//! database path still names the open file (a group is never committed into a deleted
+//! file), it marks the store unwritable when a group fails for a transient reason and
+//! probes it every second until a write succeeds, and it keeps the WAL file bounded
+//! (see `connection::WAL_FORCE_CHECKPOINT_BYTES`).
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
-use tracing::{debug, error};
+use tracing::{debug, error, warn};
 
-use super::error::is_busy;
+use super::connection::{now_ms, WAL_FORCE_CHECKPOINT_BYTES};
+use super::error::is_transient;
+use super::health::Health;
 use super::{approvals, events, kv, notifications, runs, steps};
 use super::{ApprovalRecord, Error, EventRecord, NotificationRecord, RunRecord, StepRecord};
 
@@ -235,7 +245,26 @@ impl Write {
 /// of concurrent runs is absorbed in a handful of fsyncs.
 const MAX_GROUP: usize = 512;
 
-type Reply = Result<Vec<Outcome>, Error>;
+type Reply = Result<Vec<Outcome>, Rejected>;
+
+/// A batch that was not committed, handed back with its writes so that a caller who
+/// waits for the store to recover can submit the very same batch again.
+#[derive(Debug)]
+pub struct Rejected {
+    pub error: Error,
+    pub writes: Vec<Write>,
+}
+
+/// How often an idle writer checks the database file, and how often a writer whose
+/// last group failed probes the store with a tiny write.
+const TICK: Duration = Duration::from_secs(1);
+
+/// The `kv` key the probe writes (the time of the probe, unix ms).
+const PROBE_KEY: &str = "store_probe";
+
+/// After a forced checkpoint that readers kept from finishing, how long the writer
+/// waits before forcing another (each one may wait up to the busy timeout).
+const FORCED_CHECKPOINT_RETRY: Duration = Duration::from_secs(1);
 
 struct Job {
     writes: Vec<Write>,
@@ -269,13 +298,23 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn spawn(conn: Connection) -> Result<Writer, Error> {
+    pub(super) fn spawn(conn: Connection, health: Arc<Health>) -> Result<Writer, Error> {
         let (tx, rx) = mpsc::channel::<Job>();
         let counters = Arc::new(Counters::default());
         let thread_counters = Arc::clone(&counters);
         let thread = std::thread::Builder::new()
             .name("vectorstep-store-writer".into())
-            .spawn(move || run(conn, rx, &thread_counters))
+            .spawn(move || {
+                let mut w = Thread {
+                    conn,
+                    counters: &thread_counters,
+                    health,
+                    wal: PathBuf::new(),
+                    last_unfinished: None,
+                };
+                w.wal = wal_path(w.health.path());
+                w.run(rx)
+            })
             .map_err(Error::SpawnWriter)?;
         Ok(Writer {
             tx: Some(tx),
@@ -285,11 +324,18 @@ impl Writer {
     }
 
     /// Queues a batch; the receiver resolves once it is committed or has failed.
-    pub(super) fn submit(&self, writes: Vec<Write>) -> Result<oneshot::Receiver<Reply>, Error> {
+    pub(super) fn submit(&self, writes: Vec<Write>) -> Result<oneshot::Receiver<Reply>, Rejected> {
         let (reply, rx) = oneshot::channel();
-        let tx = self.tx.as_ref().ok_or(Error::WriterGone)?;
-        tx.send(Job { writes, reply })
-            .map_err(|_| Error::WriterGone)?;
+        let Some(tx) = self.tx.as_ref() else {
+            return Err(Rejected {
+                error: Error::WriterGone,
+                writes,
+            });
+        };
+        tx.send(Job { writes, reply }).map_err(|e| Rejected {
+            error: Error::WriterGone,
+            writes: e.0.writes,
+        })?;
         self.counters.submitted.fetch_add(1, Ordering::Relaxed);
         Ok(rx)
     }
@@ -306,24 +352,196 @@ impl Drop for Writer {
     }
 }
 
-fn run(mut conn: Connection, rx: mpsc::Receiver<Job>, counters: &Counters) {
-    // recv fails only once every sender is gone, i.e. the store was dropped.
-    while let Ok(first) = rx.recv() {
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_GROUP {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
+/// The writer thread's state.
+struct Thread<'a> {
+    conn: Connection,
+    counters: &'a Counters,
+    health: Arc<Health>,
+    wal: PathBuf,
+    /// When a forced checkpoint last failed to finish.
+    last_unfinished: Option<Instant>,
+}
+
+impl Thread<'_> {
+    fn run(&mut self, rx: mpsc::Receiver<Job>) {
+        loop {
+            let first = match rx.recv_timeout(TICK) {
+                Ok(job) => job,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    self.idle_tick();
+                    continue;
+                }
+                // Every sender is gone: the store was dropped.
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            let mut jobs = vec![first];
+            while jobs.len() < MAX_GROUP {
+                match rx.try_recv() {
+                    Ok(job) => jobs.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.commit_group(jobs, true);
+        }
+    }
+
+    /// Nothing queued for a second: notice a deleted database file even without
+    /// traffic, and find out whether a store that failed can write again.
+    fn idle_tick(&mut self) {
+        if self.health.check_file().is_some() {
+            return;
+        }
+        if self.health.write_failing() {
+            let probe = vec![Write::SetKv {
+                key: PROBE_KEY.into(),
+                value: now_ms().to_string(),
+            }];
+            let (reply, _rx) = oneshot::channel();
+            // Not counted: nobody submitted it.
+            let job = Job {
+                writes: probe,
+                reply,
+            };
+            self.commit_group(vec![job], false);
+        }
+    }
+
+    fn commit_group(&mut self, mut jobs: Vec<Job>, counted: bool) {
+        if let Some(detail) = self.health.check_file() {
+            let path = self.health.path().to_path_buf();
+            for job in jobs {
+                let _ = job.reply.send(Err(Rejected {
+                    error: Error::FileReplaced {
+                        path: path.clone(),
+                        detail: detail.clone(),
+                    },
+                    writes: job.writes,
+                }));
+            }
+            return;
+        }
+        let counters = self.counters;
+        // Each round either commits or removes the job that broke it, so this terminates.
+        while !jobs.is_empty() {
+            match attempt(&mut self.conn, &jobs) {
+                Attempt::Committed(results) => {
+                    self.health.write_succeeded();
+                    let ok = results.iter().filter(|r| r.is_ok()).count();
+                    if counted {
+                        counters.transactions.fetch_add(1, Ordering::Relaxed);
+                        counters.committed.fetch_add(ok as u64, Ordering::Relaxed);
+                    }
+                    debug!(
+                        batches = results.len(),
+                        committed = ok,
+                        "Store group committed."
+                    );
+                    for (job, result) in jobs.into_iter().zip(results) {
+                        let reply = result.map_err(|error| Rejected {
+                            error,
+                            writes: job.writes,
+                        });
+                        // The caller may have stopped waiting; its writes are committed anyway.
+                        let _ = job.reply.send(reply);
+                    }
+                    self.bound_wal();
+                    return;
+                }
+                Attempt::Aborted { index, error } => {
+                    if self.health.write_failing() {
+                        // Already reported; the callers waiting it out try every 2 s.
+                        debug!(%error, "A batch aborted the store transaction again.");
+                    } else {
+                        error!(%error, "A batch aborted the store transaction; retrying the others.");
+                    }
+                    if error.is_retriable() {
+                        self.health.write_failed(&error.to_string());
+                    }
+                    let job = jobs.remove(index);
+                    let _ = job.reply.send(Err(Rejected {
+                        error,
+                        writes: job.writes,
+                    }));
+                }
+                Attempt::Failed { stage, error } => {
+                    if self.health.write_failing() {
+                        debug!(%error, stage, "The store group transaction failed again.");
+                    } else {
+                        error!(%error, stage, "The store group transaction failed.");
+                    }
+                    let retriable = is_transient(&error);
+                    let message = error.to_string();
+                    if retriable {
+                        self.health.write_failed(&message);
+                    }
+                    for job in jobs {
+                        let _ = job.reply.send(Err(Rejected {
+                            error: Error::Transaction {
+                                stage,
+                                message: message.clone(),
+                                retriable,
+                            },
+                            writes: job.writes,
+                        }));
+                    }
+                    return;
+                }
             }
         }
-        commit_group(&mut conn, jobs, counters);
+    }
+
+    /// Passive checkpoints (every `wal_autocheckpoint` pages) keep the WAL small as
+    /// long as they can finish; readers holding old snapshots can stop them, and the
+    /// WAL then grows with every commit. Past the bound, a truncating checkpoint waits
+    /// (under the busy timeout) for those readers and empties the file.
+    fn bound_wal(&mut self) {
+        let size = match std::fs::metadata(&self.wal) {
+            Ok(m) => m.len(),
+            Err(_) => return,
+        };
+        if size <= WAL_FORCE_CHECKPOINT_BYTES {
+            return;
+        }
+        if self
+            .last_unfinished
+            .is_some_and(|t| t.elapsed() < FORCED_CHECKPOINT_RETRY)
+        {
+            return;
+        }
+        self.last_unfinished = None;
+        let result: rusqlite::Result<(i64, i64, i64)> =
+            self.conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                });
+        match result {
+            Ok((0, _, _)) => {
+                debug!(
+                    wal_bytes = size,
+                    "WAL over its bound; truncating checkpoint done."
+                )
+            }
+            Ok((_, frames, done)) => {
+                self.last_unfinished = Some(Instant::now());
+                warn!(
+                    wal_bytes = size,
+                    frames,
+                    checkpointed = done,
+                    "WAL over its bound and readers kept the checkpoint from finishing; trying again in a second."
+                )
+            }
+            Err(e) => {
+                self.last_unfinished = Some(Instant::now());
+                warn!(error = %e, wal_bytes = size, "WAL over its bound; the truncating checkpoint failed.")
+            }
+        }
     }
 }
 
 /// How one attempt at committing a group ended.
 enum Attempt {
-    /// Committed; one reply per job, in order (failed batches carry their error).
-    Committed(Vec<Reply>),
+    /// Committed; one result per job, in order (failed batches carry their error).
+    Committed(Vec<Result<Vec<Outcome>, Error>>),
     /// A failing write took the whole transaction down with it (SQLite does that for
     /// I/O errors, a full disk and the like). The other jobs deserve another try.
     Aborted { index: usize, error: Error },
@@ -334,44 +552,11 @@ enum Attempt {
     },
 }
 
-fn commit_group(conn: &mut Connection, mut jobs: Vec<Job>, counters: &Counters) {
-    // Each round either commits or removes the job that broke it, so this terminates.
-    while !jobs.is_empty() {
-        match attempt(conn, &jobs) {
-            Attempt::Committed(replies) => {
-                counters.transactions.fetch_add(1, Ordering::Relaxed);
-                let ok = replies.iter().filter(|r| r.is_ok()).count();
-                counters.committed.fetch_add(ok as u64, Ordering::Relaxed);
-                debug!(
-                    batches = replies.len(),
-                    committed = ok,
-                    "Store group committed."
-                );
-                for (job, reply) in jobs.into_iter().zip(replies) {
-                    // The caller may have stopped waiting; its writes are committed anyway.
-                    let _ = job.reply.send(reply);
-                }
-                return;
-            }
-            Attempt::Aborted { index, error } => {
-                error!(%error, "A batch aborted the store transaction; retrying the others.");
-                let _ = jobs.remove(index).reply.send(Err(error));
-            }
-            Attempt::Failed { stage, error } => {
-                error!(%error, stage, "The store group transaction failed.");
-                let retriable = is_busy(&error);
-                let message = error.to_string();
-                for job in jobs {
-                    let _ = job.reply.send(Err(Error::Transaction {
-                        stage,
-                        message: message.clone(),
-                        retriable,
-                    }));
-                }
-                return;
-            }
-        }
-    }
+/// `<database>-wal`.
+fn wal_path(db: &std::path::Path) -> PathBuf {
+    let mut p = db.as_os_str().to_os_string();
+    p.push("-wal");
+    PathBuf::from(p)
 }
 
 fn attempt(conn: &mut Connection, jobs: &[Job]) -> Attempt {

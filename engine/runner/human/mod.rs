@@ -116,9 +116,8 @@ async fn rearm(
     let w = Waiting::of(&a);
     // The previous process chose a channel but never confirmed a send.
     let owed = delivery::undelivered(&a).then_some(a);
-    engine
-        .store
-        .commit(vec![waiting(engine, call, now), ev])
+    let writes = vec![waiting(engine, call, now), ev];
+    crate::runner::persist::commit(engine, call.run_id, writes)
         .await
         .map_err(|e| fail(e.to_string()))?;
     tracing::warn!(run_id = %call.run_id, step = %call.step_path, token = %w.token, "Re-armed human approval after restart; message not re-sent.");
@@ -165,15 +164,17 @@ async fn create(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Result<Waiti
         format!("Approval requested for {}: {url}", call.step_path),
         json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "url": url}),
     );
-    engine
-        .store
-        .commit(vec![
+    crate::runner::persist::commit(
+        engine,
+        call.run_id,
+        vec![
             Write::InsertApproval(a.clone()),
             waiting(engine, call, now),
             ev,
-        ])
-        .await
-        .map_err(|e| fail(e.to_string()))?;
+        ],
+    )
+    .await
+    .map_err(|e| fail(e.to_string()))?;
     engine.refresh_approvals_gauge();
     tracing::warn!(target: "vectorstep::approval", run_id = %call.run_id, step = %call.step_path, url = %url, "Approval requested: {}", a.message);
     let w = Waiting::of(&a);

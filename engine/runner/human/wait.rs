@@ -187,9 +187,7 @@ async fn deadline(
         ),
         json!({"step": call.step_path, "token": w.token, "auto_approved": w.testing}),
     );
-    let outcomes = engine
-        .store
-        .commit(vec![decide, ev])
+    let outcomes = crate::runner::persist::commit(engine, call.run_id, vec![decide, ev])
         .await
         .map_err(|e| fail(e.to_string()))?;
     if !matches!(
