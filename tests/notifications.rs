@@ -128,7 +128,11 @@ async fn escalations_through_an_outage(restart: bool) {
         );
         assert!(events(&run, "notification_sent").is_empty(), "{run}");
     }
-    assert_eq!(tg.count("sendMessage"), 0, "nothing gets through the outage");
+    assert_eq!(
+        tg.count("sendMessage"),
+        0,
+        "nothing gets through the outage"
+    );
 
     end_outage_after(&tg, began).await;
     wait_arrived(&tg, &runs).await;
@@ -144,7 +148,12 @@ async fn escalations_through_an_outage(restart: bool) {
     wait_arrived(&tg, std::slice::from_ref(&later)).await;
     svc.wait_event(&later, "notification_sent").await;
     for r in &runs {
-        assert_eq!(arrived_for(&tg, r), 1, "run {r}: {:?}", tg.calls_of("sendMessage"));
+        assert_eq!(
+            arrived_for(&tg, r),
+            1,
+            "run {r}: {:?}",
+            tg.calls_of("sendMessage")
+        );
         let run = svc.get_run(r).await;
         assert_eq!(events(&run, "notification_sent").len(), 1, "{run}");
         assert!(events(&run, "notification_failed").is_empty(), "{run}");
@@ -218,7 +227,10 @@ async fn a_notify_that_cannot_be_delivered_within_the_max_age_fails_once() {
         "{failed}"
     );
     let tries = peer.for_key(&key).len();
-    assert!(tries >= 2, "retried before giving up, tried {tries} time(s)");
+    assert!(
+        tries >= 2,
+        "retried before giving up, tried {tries} time(s)"
+    );
 
     // A second run's message fails the same way; by then the first one, given up,
     // has not been tried again and its failure is logged once.
@@ -227,7 +239,11 @@ async fn a_notify_that_cannot_be_delivered_within_the_max_age_fails_once() {
     let run = svc.get_run(&first).await;
     assert_eq!(events(&run, "notification_failed").len(), 1, "{run}");
     assert!(events(&run, "notification_sent").is_empty(), "{run}");
-    assert_eq!(peer.for_key(&key).len(), tries, "tried again after giving up");
+    assert_eq!(
+        peer.for_key(&key).len(),
+        tries,
+        "tried again after giving up"
+    );
 }
 
 /// The pending approval of `token` in `GET /approvals`.
@@ -263,10 +279,28 @@ async fn approvals_list_shows_the_channel_and_when_it_accepted_the_request() {
     h.delivered(&a.token).await;
     let after = listed(&h, &a.token).await;
     assert_eq!(after["channel"], "telegram", "{after}");
-    let delivered_at = after["delivered_at"].as_str().unwrap_or_else(|| panic!("{after}"));
+    let delivered_at = after["delivered_at"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{after}"));
     let at = chrono::DateTime::parse_from_rfc3339(delivered_at).expect("RFC 3339");
     let created = chrono::DateTime::parse_from_rfc3339(after["created_at"].as_str().unwrap())
         .expect("RFC 3339");
     assert!(at >= created, "{after}");
     assert_eq!(h.tg.count("sendMessage"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notify_step_of_a_testing_pipeline_goes_to_the_log() {
+    let peer = HoldingPeer::answering(Reply::ok()).await;
+    let tg = FakeTelegram::start().await;
+    let yaml = notifying("rehearse", &format!("{}/hook", peer.url()))
+        .replace("stage: production", "stage: testing");
+    let (_dir, svc) = service(&tg, &[("rehearse", &yaml)]).await;
+    let id = svc.post_run("rehearse", json!({})).await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let run = svc.wait_event(&id, "notification_sent").await;
+    assert_eq!(step(&run, "tell")["output"]["channel"], "log", "{run}");
+    assert_eq!(event(&run, "notification_sent")["channel"], "log", "{run}");
+    assert_eq!(peer.count(), 0, "a testing pipeline posted to its webhook");
 }

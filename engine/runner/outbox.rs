@@ -196,8 +196,22 @@ pub(super) fn failure_webhook(
 /// Commits a `notify` step's message to the outbox and starts its delivery. The
 /// step is done once the row is committed: delivery (and its retries) no longer
 /// holds up the run, and a chat outage cannot fail it.
-pub(super) async fn queue_step(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome, CallFailure> {
-    let m = notify::prepare(&engine.config, call).map_err(|e| CallFailure::Error(e.to_string()))?;
+pub(super) async fn queue_step(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+) -> Result<Outcome, CallFailure> {
+    let mut m =
+        notify::prepare(&engine.config, call).map_err(|e| CallFailure::Error(e.to_string()))?;
+    // A testing pipeline never talks to the outside world (checked above all the
+    // same, so that a broken channel shows before the pipeline is promoted).
+    if engine
+        .pipeline(call.pipeline)
+        .is_some_and(|p| p.stage == Stage::Testing)
+    {
+        m.channel = "log".into();
+        m.url = None;
+        m.body = None;
+    }
     // The step's idempotency key is the same across retries and resumes, so a step
     // re-run after a crash finds its message already queued (INSERT OR IGNORE).
     let id = format!("{}:notify", call.idempotency_key);
@@ -238,8 +252,12 @@ pub(super) async fn queue_step(engine: &Arc<Engine>, call: &Call<'_>) -> Result<
     }
     let mut output = StepOutput::new(1.0, format!("Notification queued via {}", m.channel));
     output.extra.insert("queued".into(), Value::Bool(true));
-    output.extra.insert("channel".into(), Value::from(m.channel));
-    output.extra.insert("notification_id".into(), Value::from(id));
+    output
+        .extra
+        .insert("channel".into(), Value::from(m.channel));
+    output
+        .extra
+        .insert("notification_id".into(), Value::from(id));
     Ok(Outcome {
         output,
         usage: Usage::default(),
@@ -379,6 +397,11 @@ async fn deliver_one(engine: &Arc<Engine>, n: &NotificationRecord) {
         Ok(Some(current)) => current,
         _ => n.clone(),
     };
+    // A list read a moment ago, or a run delivering "everything it owes", must not
+    // cut a retry's wait short: the row says when it is due.
+    if retrying(engine) && due_at(&current, max_age_ms(engine)) > engine.now_ms() {
+        return;
+    }
     let d: Delivery = match serde_json::from_str(&current.message) {
         Ok(d) => d,
         Err(e) => {
