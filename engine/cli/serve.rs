@@ -67,11 +67,9 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         // send, and sweep runs left `running` and resume the durable ones. Delivery
         // runs on its own task: a notification peer that hangs (up to its 30 s
         // timeout, per notification) must not hold back readiness or resumes. The
-        // outbox's claim set keeps it from racing a run's own delivery.
-        {
-            let engine = engine.clone();
-            tokio::spawn(async move { outbox::deliver_all_pending(&engine).await });
-        }
+        // outbox's claim set keeps it from racing a run's own delivery. The same
+        // task retries failed deliveries until shutdown (runner::outbox).
+        outbox::start_retries(&engine);
         let resumable = sweep::sweep(&engine).await?;
         engine.refresh_approvals_gauge();
         {

@@ -342,7 +342,11 @@ pub(super) fn decode(
         c.pricing = m;
     }
     if let Some(n) = top.get("notifications") {
-        if let Some(o) = Obj::new(n, "notifications", &["telegram"], &[], d) {
+        let keys = ["telegram", "max_age_seconds"];
+        if let Some(o) = Obj::new(n, "notifications", &keys, &[], d) {
+            if let Some(s) = o.u64(d, "max_age_seconds") {
+                c.notification_max_age_seconds = s;
+            }
             if let Some(t) = o.get("telegram") {
                 let keys = ["bot_token", "chat_id", "api_url"];
                 if let Some(t) = Obj::new(t, "notifications.telegram", &keys, &[], d) {

@@ -43,6 +43,9 @@ pub struct Config {
     pub agents: BTreeMap<String, Agent>,
     pub pricing: BTreeMap<String, Price>,
     pub telegram: Option<Telegram>,
+    /// `notifications.max_age_seconds`: how long an undelivered notification is
+    /// retried before it is given up (`notification_failed`).
+    pub notification_max_age_seconds: u64,
     pub human_approval: HumanApproval,
     pub logging: Logging,
     pub retention_days: u64,
@@ -180,6 +183,7 @@ impl Default for Config {
             agents: BTreeMap::new(),
             pricing: BTreeMap::new(),
             telegram: None,
+            notification_max_age_seconds: 24 * 3600,
             human_approval: HumanApproval {
                 ui_base_url: "http://127.0.0.1:8000".into(),
                 approvers: Vec::new(),

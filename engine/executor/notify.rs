@@ -3,6 +3,11 @@
 //! `executor_config.channel`: `log` (default; a structured log line), `webhook`
 //! (`url`; POSTs `{"text", "run_id", "step"}`), `telegram` (the bot and chat of
 //! `notifications.telegram` in config.yaml).
+//!
+//! Inside a run the runner does not call this executor: it turns the step into a
+//! [`Message`] with [`prepare`] and commits it to the notification outbox, which
+//! delivers and retries it (`runner::outbox`). Called directly, the executor sends
+//! the message itself, once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +25,78 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Telegram rejects longer messages, so they are cut rather than lost.
 const TELEGRAM_MAX_CHARS: usize = 4096;
 const TELEGRAM_API: &str = "https://api.telegram.org";
+
+/// One notify step's message, checked and rendered, ready to be sent or queued.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// `log`, `webhook` or `telegram`.
+    pub channel: String,
+    /// The text people read (cut to Telegram's limit on that channel).
+    pub text: String,
+    /// Where a webhook message is POSTed.
+    pub url: Option<String>,
+    /// The JSON body a webhook or Telegram receives.
+    pub body: Option<Value>,
+}
+
+/// Checks the step's channel and builds its message; a step that cannot work
+/// (unknown channel, no url, Telegram not configured) is a [`Error::Config`].
+pub fn prepare(config: &Config, call: &Call<'_>) -> Result<Message, Error> {
+    let cfg = &call.action.config;
+    let channel = cfg.get("channel").and_then(Value::as_str).unwrap_or("log");
+    match channel {
+        "log" => Ok(Message {
+            channel: channel.into(),
+            text: call.prompt.clone(),
+            url: None,
+            body: None,
+        }),
+        "webhook" => {
+            let url = http::target_url(call, "the webhook channel")?;
+            let body = json!({"text": call.prompt, "run_id": call.run_id, "step": call.step_path});
+            Ok(Message {
+                channel: channel.into(),
+                text: call.prompt.clone(),
+                url: Some(url),
+                body: Some(body),
+            })
+        }
+        "telegram" => {
+            let Some(tg) = &config.telegram else {
+                return Err(Error::Config(
+                    "the telegram channel needs `notifications.telegram` (bot_token, chat_id) in config.yaml"
+                        .into(),
+                ));
+            };
+            let text: String = call.prompt.chars().take(TELEGRAM_MAX_CHARS).collect();
+            let body = json!({"chat_id": tg.chat_id, "text": text});
+            Ok(Message {
+                channel: channel.into(),
+                text,
+                url: Some(telegram_url(config)),
+                body: Some(body),
+            })
+        }
+        other => Err(Error::Config(format!(
+            "unknown notify channel `{other}` (channels: log, webhook, telegram)"
+        ))),
+    }
+}
+
+/// The `sendMessage` address of the configured bot (empty without one).
+pub fn telegram_url(config: &Config) -> String {
+    match &config.telegram {
+        Some(tg) => format!(
+            "{}/bot{}/sendMessage",
+            tg.api_url
+                .as_deref()
+                .unwrap_or(TELEGRAM_API)
+                .trim_end_matches('/'),
+            tg.bot_token
+        ),
+        None => String::new(),
+    }
+}
 
 pub struct Notify {
     client: reqwest::Client,
@@ -40,10 +117,15 @@ impl Executor for Notify {
 
 impl Notify {
     async fn run(&self, call: Call<'_>) -> Result<Outcome, Error> {
-        let cfg = &call.action.config;
-        let channel = cfg.get("channel").and_then(Value::as_str).unwrap_or("log");
-        match channel {
-            "log" => {
+        let m = prepare(&self.config, &call)?;
+        match (m.channel.as_str(), &m.url, &m.body) {
+            ("webhook", Some(url), Some(body)) => {
+                self.post(&call, url, body, "notify webhook").await?
+            }
+            ("telegram", Some(url), Some(body)) => {
+                self.post(&call, url, body, "telegram sendMessage").await?
+            }
+            _ => {
                 tracing::info!(
                     target: "vectorstep::notify",
                     run_id = %call.run_id,
@@ -52,42 +134,11 @@ impl Notify {
                     "Notification."
                 );
             }
-            "webhook" => self.webhook(&call).await?,
-            "telegram" => self.telegram(&call).await?,
-            other => {
-                return Err(Error::Config(format!(
-                    "unknown notify channel `{other}` (channels: log, webhook, telegram)"
-                )))
-            }
         }
         Ok(Outcome {
-            output: StepOutput::new(1.0, format!("Notification sent via {channel}")),
+            output: StepOutput::new(1.0, format!("Notification sent via {}", m.channel)),
             usage: Usage::default(),
         })
-    }
-
-    async fn webhook(&self, call: &Call<'_>) -> Result<(), Error> {
-        let url = http::target_url(call, "the webhook channel")?;
-        let body = json!({"text": call.prompt, "run_id": call.run_id, "step": call.step_path});
-        self.post(call, &url, &body, "notify webhook").await
-    }
-
-    async fn telegram(&self, call: &Call<'_>) -> Result<(), Error> {
-        let Some(tg) = &self.config.telegram else {
-            return Err(Error::Config(
-                "the telegram channel needs `notifications.telegram` (bot_token, chat_id) in config.yaml"
-                    .into(),
-            ));
-        };
-        let api = tg.api_url.as_deref().unwrap_or(TELEGRAM_API);
-        let url = format!(
-            "{}/bot{}/sendMessage",
-            api.trim_end_matches('/'),
-            tg.bot_token
-        );
-        let text: String = call.prompt.chars().take(TELEGRAM_MAX_CHARS).collect();
-        let body = json!({"chat_id": tg.chat_id, "text": text});
-        self.post(call, &url, &body, "telegram sendMessage").await
     }
 
     /// POSTs `body`; only a 2xx answer counts as delivered.

@@ -16,11 +16,22 @@ use super::{ApiError, AppState, Principal};
 use crate::runner::Decider;
 use crate::store::Outcome;
 
+/// `channel` is where the request goes (`telegram`, `webhook`, `page`; null for a
+/// testing run, which is never sent); `delivered_at` stays null until that channel
+/// accepted it.
 fn approval_json(a: &crate::store::ApprovalRecord) -> Value {
+    let delivered_at = a.delivery_json.as_deref().map(|j| {
+        crate::telegram::Delivery::parse(j)
+            .and_then(|d| d.delivered_at)
+            // Recorded by an older version, which did not keep the time: the
+            // request was delivered at some point after it was created.
+            .unwrap_or(a.created_at)
+    });
     json!({"token": a.token, "run_id": a.run_id, "step": a.step_path, "pipeline": a.pipeline_name,
         "message": a.message, "team": a.team, "stage": a.stage, "status": a.status,
         "created_at": crate::clock::rfc3339(a.created_at), "deadline_at": crate::clock::rfc3339(a.deadline_at),
-        "decided_by": a.decided_by})
+        "decided_by": a.decided_by, "channel": a.channel,
+        "delivered_at": delivered_at.map(crate::clock::rfc3339)})
 }
 
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {

@@ -157,6 +157,9 @@ pub struct Engine {
     approvals_used: Mutex<HashSet<String>>,
     /// Notification ids being sent right now, so two deliverers never send one twice.
     pub(crate) delivering: Mutex<HashSet<String>>,
+    /// Set by `outbox::start_retries` (`serve`): a failed delivery stays pending and
+    /// is retried. A one-shot process tries once and records the failure.
+    pub(crate) outbox_retrying: std::sync::atomic::AtomicBool,
     /// Runs `create_run` just recorded and no driver has picked up yet, with their
     /// trigger: the first drive of a new run starts from these instead of reading
     /// back and re-parsing the row it has just written (see `take_fresh`).
@@ -206,6 +209,7 @@ impl Engine {
             approval_signals: Mutex::new(std::collections::HashMap::new()),
             approvals_used: Mutex::new(HashSet::new()),
             delivering: Mutex::new(HashSet::new()),
+            outbox_retrying: std::sync::atomic::AtomicBool::new(false),
             fresh: Mutex::new(std::collections::HashMap::new()),
             parking: Mutex::new(park::Parking::default()),
             parking_changed: tokio::sync::Notify::new(),

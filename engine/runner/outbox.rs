@@ -1,8 +1,20 @@
 //! Notifications a run owes (SPEC 6.2): recorded in the same transaction as the
-//! run's terminal status, sent afterwards, and marked sent. A crash between the
-//! two re-sends at most the one notification in flight (webhooks carry the
-//! notification id as `Idempotency-Key`), and never loses one.
+//! run's terminal status (or, for a `notify` step, committed before the step
+//! completes), sent afterwards, and marked sent. A crash between the two re-sends
+//! at most the one notification in flight (webhooks carry the notification id as
+//! `Idempotency-Key`), and never loses one.
+//!
+//! In `serve` a failed delivery stays `pending` and [`start_retries`] tries it
+//! again with backoff (1 s, doubling, at most 60 s apart) until it is delivered or
+//! `notifications.max_age_seconds` have passed since it was recorded; only then is
+//! it marked `failed` and `notification_failed` logged, once. The schedule is
+//! derived from the row itself (`created_at` and the last attempt, `sent_at`), so
+//! a restarted process simply carries on. An answer that cannot succeed on a later
+//! try (a 4xx other than 408/425/429, a channel that is not configured) gives up at
+//! once. A one-shot process (`vectorstep run`) has nobody to retry and records
+//! the first failure.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,10 +23,23 @@ use serde_json::{json, Map, Value};
 
 use super::drive::RunState;
 use super::records::event;
+use super::step::CallFailure;
 use super::Engine;
+use crate::executor::{notify, Call, Outcome};
 use crate::pipeline::{Stage, Step};
-use crate::run::context;
+use crate::run::{context, StepOutput, Usage};
 use crate::store::{NotificationRecord, Write};
+
+/// The wait before the second attempt; each later wait doubles, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF_MS: i64 = 1_000;
+const MAX_BACKOFF_MS: i64 = 60_000;
+/// How often the retry task looks for notifications that are due.
+const RETRY_POLL: Duration = Duration::from_secs(1);
+/// Deliveries the retry task runs at once, so that a peer that hangs until its
+/// timeout holds back only these and not every other notification.
+const RETRY_CONCURRENCY: usize = 16;
+/// Telegram rejects longer messages, so they are cut rather than retried forever.
+const TELEGRAM_MAX_CHARS: usize = 4096;
 
 /// What to send, stored as the outbox row's `message`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -168,6 +193,80 @@ pub(super) fn failure_webhook(
     )]
 }
 
+/// Commits a `notify` step's message to the outbox and starts its delivery. The
+/// step is done once the row is committed: delivery (and its retries) no longer
+/// holds up the run, and a chat outage cannot fail it.
+pub(super) async fn queue_step(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+) -> Result<Outcome, CallFailure> {
+    let mut m =
+        notify::prepare(&engine.config, call).map_err(|e| CallFailure::Error(e.to_string()))?;
+    // A testing pipeline never talks to the outside world (checked above all the
+    // same, so that a broken channel shows before the pipeline is promoted).
+    if engine
+        .pipeline(call.pipeline)
+        .is_some_and(|p| p.stage == Stage::Testing)
+    {
+        m.channel = "log".into();
+        m.url = None;
+        m.body = None;
+    }
+    // The step's idempotency key is the same across retries and resumes, so a step
+    // re-run after a crash finds its message already queued (INSERT OR IGNORE).
+    let id = format!("{}:notify", call.idempotency_key);
+    let d = Delivery {
+        kind: "notification".into(),
+        channel: m.channel.clone(),
+        action: NOTIFY_STEP.into(),
+        step: call.step_path.to_string(),
+        text: m.text,
+        url: m.url,
+        method: Some("POST".into()),
+        headers: Vec::new(),
+        body: m.body,
+        timeout_seconds: call.timeout.map(|t| t.as_secs_f64()),
+    };
+    let row = NotificationRecord {
+        id: id.clone(),
+        run_id: call.run_id.to_string(),
+        action: d.action.clone(),
+        channel: d.channel.clone(),
+        message: serde_json::to_string(&d).unwrap_or_default(),
+        status: "pending".into(),
+        created_at: engine.now_ms(),
+        sent_at: None,
+        error: None,
+    };
+    engine
+        .store
+        .commit(vec![Write::InsertNotification(row.clone())])
+        .await
+        .map_err(|e| CallFailure::Error(format!("cannot queue the notification: {e}")))?;
+    if retrying(engine) {
+        let engine = engine.clone();
+        tokio::spawn(async move { deliver(&engine, vec![row]).await });
+    } else {
+        // A one-shot process may exit right after the run: send before going on.
+        deliver(engine, vec![row]).await;
+    }
+    let mut output = StepOutput::new(1.0, format!("Notification queued via {}", m.channel));
+    output.extra.insert("queued".into(), Value::Bool(true));
+    output
+        .extra
+        .insert("channel".into(), Value::from(m.channel));
+    output
+        .extra
+        .insert("notification_id".into(), Value::from(id));
+    Ok(Outcome {
+        output,
+        usage: Usage::default(),
+    })
+}
+
+/// The `action` of a `notify` step's outbox row.
+const NOTIFY_STEP: &str = "notify_step";
+
 /// Sends every pending notification of one run.
 pub async fn deliver_run(engine: &Arc<Engine>, run_id: &str) {
     match engine.store.notifications_of_run(run_id) {
@@ -182,7 +281,7 @@ pub async fn deliver_run(engine: &Arc<Engine>, run_id: &str) {
     }
 }
 
-/// Sends everything left pending by an earlier process (called at start).
+/// Sends everything left pending by an earlier process, once.
 pub async fn deliver_all_pending(engine: &Arc<Engine>) {
     match engine.store.pending_notifications() {
         Ok(list) => deliver(engine, list).await,
@@ -190,65 +289,210 @@ pub async fn deliver_all_pending(engine: &Arc<Engine>) {
     }
 }
 
+/// Makes failed deliveries stay pending and starts the task that retries them (and
+/// sends what an earlier process left pending) until shutdown. Called by `serve`.
+pub fn start_retries(engine: &Arc<Engine>) -> tokio::task::JoinHandle<()> {
+    engine.outbox_retrying.store(true, Ordering::SeqCst);
+    let engine = engine.clone();
+    tokio::spawn(async move { retry_loop(engine).await })
+}
+
+fn retrying(engine: &Engine) -> bool {
+    engine.outbox_retrying.load(Ordering::SeqCst)
+}
+
+async fn retry_loop(engine: Arc<Engine>) {
+    let mut shutdown = engine.shutdown_signal();
+    let slots = Arc::new(tokio::sync::Semaphore::new(RETRY_CONCURRENCY));
+    while !engine.is_shutting_down() {
+        let max_age_ms = max_age_ms(&engine);
+        match engine.store.pending_notifications() {
+            Ok(list) => {
+                let now = engine.now_ms();
+                for n in list.into_iter().filter(|n| due_at(n, max_age_ms) <= now) {
+                    if engine.is_shutting_down() {
+                        return;
+                    }
+                    let Ok(slot) = slots.clone().acquire_owned().await else {
+                        return;
+                    };
+                    // Claimed here, before the task starts, so the next pass cannot
+                    // start a second delivery of the same row.
+                    if !claim(&engine, &n.id) {
+                        continue;
+                    }
+                    let engine = engine.clone();
+                    tokio::spawn(async move {
+                        deliver_one(&engine, &n).await;
+                        release(&engine, &n.id);
+                        drop(slot);
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "Cannot read the notification outbox; retrying.")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY_POLL) => {}
+            _ = shutdown.changed() => {}
+        }
+    }
+}
+
+fn max_age_ms(engine: &Engine) -> i64 {
+    i64::try_from(engine.config.notification_max_age_seconds)
+        .unwrap_or(i64::MAX / 1000)
+        .saturating_mul(1000)
+}
+
+/// When `n` should next be tried: at once if it never was, then after a wait as
+/// long as the time since it was recorded (so the waits double), between 1 s and
+/// 60 s, and once more at its maximum age, when a failure gives up.
+pub fn due_at(n: &NotificationRecord, max_age_ms: i64) -> i64 {
+    let Some(last) = n.sent_at else {
+        return n.created_at;
+    };
+    let due = last.saturating_add((last - n.created_at).clamp(FIRST_BACKOFF_MS, MAX_BACKOFF_MS));
+    let give_up = n.created_at.saturating_add(max_age_ms);
+    if last < give_up {
+        due.min(give_up)
+    } else {
+        due
+    }
+}
+
+fn claim(engine: &Engine, id: &str) -> bool {
+    engine
+        .delivering
+        .lock()
+        .map(|mut d| d.insert(id.to_string()))
+        .unwrap_or(false)
+}
+
+fn release(engine: &Engine, id: &str) {
+    if let Ok(mut d) = engine.delivering.lock() {
+        d.remove(id);
+    }
+}
+
 async fn deliver(engine: &Arc<Engine>, list: Vec<NotificationRecord>) {
     for n in list {
-        let claimed = engine
-            .delivering
-            .lock()
-            .map(|mut d| d.insert(n.id.clone()))
-            .unwrap_or(false);
-        if !claimed {
+        if !claim(engine, &n.id) {
             continue;
         }
         deliver_one(engine, &n).await;
-        if let Ok(mut d) = engine.delivering.lock() {
-            d.remove(&n.id);
-        }
+        release(engine, &n.id);
     }
 }
 
 async fn deliver_one(engine: &Arc<Engine>, n: &NotificationRecord) {
     // Another deliverer may have finished this one between our read and our claim.
-    if let Ok(Some(current)) = engine
+    let current = match engine
         .store
         .notifications_of_run(&n.run_id)
         .map(|l| l.into_iter().find(|x| x.id == n.id))
     {
-        if current.status != "pending" {
-            return;
-        }
+        Ok(Some(current)) if current.status != "pending" => return,
+        Ok(Some(current)) => current,
+        _ => n.clone(),
+    };
+    // A list read a moment ago, or a run delivering "everything it owes", must not
+    // cut a retry's wait short: the row says when it is due.
+    if retrying(engine) && due_at(&current, max_age_ms(engine)) > engine.now_ms() {
+        return;
     }
-    let d: Delivery = match serde_json::from_str(&n.message) {
+    let d: Delivery = match serde_json::from_str(&current.message) {
         Ok(d) => d,
         Err(e) => {
-            mark(
-                engine,
-                n,
-                Err(format!("unreadable outbox row: {e}")),
-                "notification",
-            )
-            .await;
+            let failure = Failure::permanent(format!("unreadable outbox row: {e}"));
+            mark(engine, &current, Err(failure), "notification").await;
             return;
         }
     };
-    let result = send(engine, &n.id, &d).await;
-    mark(engine, n, result, &d.kind).await;
+    let result = send(engine, &current.id, &d).await;
+    mark(engine, &current, result, &d.kind).await;
+}
+
+/// Why an attempt failed, and whether a later attempt could do better.
+#[derive(Debug)]
+struct Failure {
+    message: String,
+    permanent: bool,
+}
+
+impl Failure {
+    fn transient(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            permanent: false,
+        }
+    }
+
+    fn permanent(message: impl Into<String>) -> Failure {
+        Failure {
+            message: message.into(),
+            permanent: true,
+        }
+    }
+
+    /// A peer's refusal: worth retrying unless it says the request itself is wrong.
+    fn http(what: &str, status: reqwest::StatusCode) -> Failure {
+        let message = format!("{what} returned HTTP {}", status.as_u16());
+        let retriable = !status.is_client_error() || matches!(status.as_u16(), 408 | 425 | 429);
+        Failure {
+            message,
+            permanent: !retriable,
+        }
+    }
+}
+
+impl From<&str> for Failure {
+    fn from(message: &str) -> Failure {
+        Failure::permanent(message)
+    }
 }
 
 async fn mark(
     engine: &Arc<Engine>,
     n: &NotificationRecord,
-    result: Result<(), String>,
+    result: Result<(), Failure>,
     kind: &str,
 ) {
     let now = engine.now_ms();
-    let (status, name, error) = match (&result, kind) {
-        (Ok(()), "failure_webhook") => ("sent", "step_failure_webhook_sent", None),
-        (Err(e), "failure_webhook") => ("failed", "step_failure_webhook_failed", Some(e.clone())),
-        (Ok(()), _) => ("sent", "notification_sent", None),
-        (Err(e), _) => ("failed", "notification_failed", Some(e.clone())),
+    if let Err(f) = &result {
+        crate::telemetry::notification(&n.channel, "failed");
+        let expired = now >= n.created_at.saturating_add(max_age_ms(engine));
+        if !f.permanent && !expired && retrying(engine) {
+            let retry = NotificationRecord {
+                sent_at: Some(now),
+                ..n.clone()
+            };
+            tracing::warn!(run_id = %n.run_id, notification_id = %n.id, action = %n.action,
+                channel = %n.channel, error = %f.message,
+                retry_in_ms = due_at(&retry, max_age_ms(engine)) - now,
+                "Cannot deliver a notification; it stays queued and is retried.");
+            let w = Write::MarkNotification {
+                id: n.id.clone(),
+                status: "pending".into(),
+                at: now,
+                error: Some(f.message.clone()),
+            };
+            if let Err(e) = engine.store.commit(vec![w]).await {
+                tracing::error!(run_id = %n.run_id, error = %e, "Cannot record a failed notification attempt.");
+            }
+            return;
+        }
+    } else {
+        crate::telemetry::notification(&n.channel, "sent");
+    }
+    let error = result.err().map(|f| f.message);
+    let (status, name) = match (&error, kind) {
+        (None, "failure_webhook") => ("sent", "step_failure_webhook_sent"),
+        (Some(_), "failure_webhook") => ("failed", "step_failure_webhook_failed"),
+        (None, _) => ("sent", "notification_sent"),
+        (Some(_), _) => ("failed", "notification_failed"),
     };
-    crate::telemetry::notification(&n.channel, status);
     let ev = event(
         &n.run_id,
         now,
@@ -273,7 +517,7 @@ async fn mark(
     }
 }
 
-async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), String> {
+async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), Failure> {
     match d.channel.as_str() {
         "log" => {
             tracing::warn!(target: "vectorstep::notification", action = %d.action, step = %d.step, "{}", d.text);
@@ -290,7 +534,7 @@ async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), String
                 .unwrap_or_else(|| json!({"text": d.text, "action": d.action, "step": d.step}));
             let method =
                 reqwest::Method::from_bytes(d.method.as_deref().unwrap_or("POST").as_bytes())
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| Failure::permanent(e.to_string()))?;
             let mut req = engine
                 .http
                 .request(method, url)
@@ -303,11 +547,11 @@ async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), String
             let resp = req
                 .send()
                 .await
-                .map_err(|e| format!("webhook request failed: {e}"))?;
+                .map_err(|e| Failure::transient(format!("webhook request failed: {e}")))?;
             if resp.status().is_success() || d.kind == "failure_webhook" {
                 Ok(())
             } else {
-                Err(format!("webhook returned HTTP {}", resp.status().as_u16()))
+                Err(Failure::http("webhook", resp.status()))
             }
         }
         "telegram" => {
@@ -316,26 +560,70 @@ async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), String
                 .telegram
                 .as_ref()
                 .ok_or("telegram is not configured (notifications.telegram)")?;
-            let base = tg
-                .api_url
-                .as_deref()
-                .unwrap_or("https://api.telegram.org")
-                .trim_end_matches('/');
-            let url = format!("{base}/bot{}/sendMessage", tg.bot_token);
+            let url = notify::telegram_url(&engine.config);
+            let text: String = d.text.chars().take(TELEGRAM_MAX_CHARS).collect();
             let resp = engine
                 .http
                 .post(url)
                 .timeout(Duration::from_secs(30))
-                .json(&json!({"chat_id": tg.chat_id, "text": d.text}))
+                .json(&json!({"chat_id": tg.chat_id, "text": text}))
                 .send()
                 .await
-                .map_err(|e| format!("telegram request failed: {e}"))?;
+                .map_err(|e| Failure::transient(format!("telegram request failed: {e}")))?;
             if resp.status().is_success() {
                 Ok(())
             } else {
-                Err(format!("telegram returned HTTP {}", resp.status().as_u16()))
+                Err(Failure::http("telegram", resp.status()))
             }
         }
-        other => Err(format!("unknown notification channel `{other}`")),
+        other => Err(Failure::permanent(format!(
+            "unknown notification channel `{other}`"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(created_at: i64, sent_at: Option<i64>) -> NotificationRecord {
+        NotificationRecord {
+            id: "r:escalate:0".into(),
+            run_id: "r".into(),
+            action: "escalate".into(),
+            channel: "telegram".into(),
+            message: "{}".into(),
+            status: "pending".into(),
+            created_at,
+            sent_at,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn retry_schedule() {
+        let day = 86_400_000;
+        let check = |created: i64, last: Option<i64>, max_age: i64, expected: i64| {
+            assert_eq!(
+                due_at(&row(created, last), max_age),
+                expected,
+                "created {created}, last attempt {last:?}, max age {max_age}"
+            );
+        };
+        // Never tried (a crash right after the commit): at once.
+        check(0, None, day, 0);
+        // The waits double from 1 s ...
+        check(0, Some(0), day, 1_000);
+        check(0, Some(1_000), day, 2_000);
+        check(0, Some(2_000), day, 4_000);
+        check(0, Some(4_000), day, 8_000);
+        // ... up to 60 s.
+        check(0, Some(64_000), day, 124_000);
+        check(0, Some(3_600_000), day, 3_660_000);
+        // The last try is at the maximum age, where a failure gives up.
+        check(0, Some(4_000), 5_000, 5_000);
+        check(0, Some(day - 10), day, day);
+        // Past it (an old row found after a long downtime): one more try.
+        check(0, Some(day + 5), day, day + 60_005);
     }
 }

@@ -83,6 +83,8 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
                 Box::pin(super::subpipeline::run(spec.rs_engine, &call)).await
             }
             ExecutorKind::Human => super::human::run(spec.rs_engine, &call, spec.human).await,
+            // Queued in the outbox, which delivers and retries it (see `outbox`).
+            ExecutorKind::Notify => super::outbox::queue_step(spec.rs_engine, &call).await,
             kind => match spec.rs_engine.executors.get(kind) {
                 Some(ex) => ex
                     .execute(call.clone())

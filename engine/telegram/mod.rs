@@ -24,6 +24,10 @@ pub struct Delivery {
     pub message_id: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// When the channel accepted the request (unix ms); `GET /approvals` shows it.
+    /// Rows recorded by older versions lack it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivered_at: Option<i64>,
 }
 
 impl Delivery {
@@ -33,6 +37,7 @@ impl Delivery {
             chat_id: Some(sent.chat_id),
             message_id: Some(sent.message_id),
             url: None,
+            delivered_at: None,
         }
     }
 

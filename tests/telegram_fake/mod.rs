@@ -45,6 +45,10 @@ struct St {
     next_update_id: AtomicI64,
     next_message_id: AtomicI64,
     failures: Mutex<HashMap<String, VecDeque<Failure>>>,
+    /// While set, every call is answered 502 and counted in `refused` instead of
+    /// being recorded: an outage the client sees, leaving `calls` to what got through.
+    down: std::sync::atomic::AtomicBool,
+    refused: Mutex<HashMap<String, usize>>,
     arrived: tokio::sync::Notify,
     enqueued: tokio::sync::Notify,
 }
@@ -107,6 +111,39 @@ impl FakeTelegram {
         m.entry(method.to_string())
             .or_default()
             .extend(std::iter::repeat_n(f, n));
+    }
+
+    /// Starts (`true`) or ends an outage: meanwhile every call fails with HTTP 502.
+    pub fn set_down(&self, down: bool) {
+        self.st.down.store(down, Ordering::SeqCst);
+    }
+
+    /// How many calls of `method` the outage refused.
+    pub fn refused(&self, method: &str) -> usize {
+        self.st
+            .refused
+            .lock()
+            .unwrap()
+            .get(method)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Waits until the outage refused at least `n` calls of `method`.
+    pub async fn wait_refused(&self, method: &str, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(45);
+        loop {
+            let notified = self.st.arrived.notified();
+            if self.refused(method) >= n {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!(
+                    "fake Telegram: waited for {n} refused {method} call(s), saw {}",
+                    self.refused(method)
+                );
+            }
+        }
     }
 
     /// Queues a button press on message `message_id` in `chat`; returns its update id.
@@ -253,6 +290,12 @@ async fn handle(
     // Bot API method names are case-insensitive (teloxide sends `SendMessage`);
     // calls are recorded under the documented spelling.
     let method = canonical(&method);
+    if st.down.load(Ordering::SeqCst) {
+        *st.refused.lock().unwrap().entry(method).or_default() += 1;
+        st.arrived.notify_waiters();
+        let body = json!({"ok": false, "error_code": 502, "description": "Bad Gateway"});
+        return (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response();
+    }
     st.calls.lock().unwrap().push(Call {
         method: method.clone(),
         token,

@@ -110,7 +110,8 @@ async fn deliver(engine: Arc<Engine>, a: ApprovalRecord, route: Route) {
             return;
         }
         match send(&engine, &a, &route).await {
-            Ok(delivery) => {
+            Ok(mut delivery) => {
+                delivery.delivered_at = Some(engine.now_ms());
                 crate::telemetry::notification(channel, "sent");
                 record(&engine, &a, delivery).await;
                 return;
@@ -180,6 +181,7 @@ async fn send(engine: &Engine, a: &ApprovalRecord, route: &Route) -> Result<Deli
                 chat_id: None,
                 message_id: None,
                 url: Some(url.clone()),
+                delivered_at: None,
             })
         }
         Route::Page => Err("nothing to deliver".into()),
