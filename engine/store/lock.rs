@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 /// Why a lock could not be taken or read.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot use the lock file {path}: {source}")]
+    #[error("cannot use the lock file {path}: {source}{hint}", hint = disk_full_hint(.source))]
     Io {
         path: PathBuf,
         #[source]
@@ -41,6 +41,15 @@ pub enum Error {
         /// `pid N`, or `pid unknown` when the holder had not written it yet.
         holder: String,
     },
+}
+
+/// What to do when the lock file cannot be written because the disk is full.
+fn disk_full_hint(e: &std::io::Error) -> &'static str {
+    if e.raw_os_error() == Some(libc::ENOSPC) {
+        "; the disk is full: free some space there and start again"
+    } else {
+        ""
+    }
 }
 
 /// The sidecar file `serve` locks: `<database>.lock`.
