@@ -234,6 +234,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// `BENCH_OVERLOAD_SECONDS=0` skips the overload case.
+fn overload_enabled() -> bool {
+    env_usize("BENCH_OVERLOAD_SECONDS", 5) > 0
+}
+
 fn main() {
     let n = env_usize("BENCH_N", 10_000);
     let clients = env_usize("BENCH_CLIENTS", 64);
@@ -283,12 +288,20 @@ fn main() {
             idle_timeout: Duration::from_secs(60),
             max_connections: 10_000,
         };
-        tokio::spawn(vectorstep::http::server::serve(
-            listener,
-            app,
-            limits,
-            std::future::pending(),
-        ));
+        // `BENCH_SERVER=axum` serves with plain `axum::serve` instead, to compare the
+        // cost of the limits side by side.
+        if std::env::var("BENCH_SERVER").as_deref() == Ok("axum") {
+            println!("server loop: axum::serve (no limits)");
+            tokio::spawn(async move { axum::serve(listener, app).await });
+        } else {
+            println!("server loop: vectorstep::http::server (as serve)");
+            tokio::spawn(vectorstep::http::server::serve(
+                listener,
+                app,
+                limits,
+                std::future::pending(),
+            ));
+        }
         let url: reqwest::Url = format!("http://{addr}{PATH}")
             .parse()
             .expect("url");
@@ -389,6 +402,8 @@ fn main() {
         );
         engine.wait_idle(Duration::from_secs(60)).await;
 
-        overload::run().await;
+        if overload_enabled() {
+            overload::run().await;
+        }
     });
 }

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -76,49 +76,78 @@ pub fn connection_bound(open_files: u64, configured: Option<usize>) -> usize {
     }
 }
 
-/// What the loop knows of one open connection.
+/// What the loop knows of one open connection. Updated by its requests without
+/// the registry's lock: a request only stores into these atomics.
 struct Conn {
-    /// Since when it has been waiting for its next request (`None` while one is
-    /// being served).
-    waiting_since: Option<Instant>,
+    /// Nanoseconds since [`epoch`] at which it began waiting for its next request;
+    /// [`BUSY`] while one is being served.
+    waiting_since: AtomicU64,
     /// Whether it has served a request (then the idle timeout applies).
-    served: bool,
-    close: Arc<Notify>,
+    served: AtomicBool,
+    close: Notify,
+}
+
+/// `waiting_since` of a connection serving a request.
+const BUSY: u64 = u64::MAX;
+
+/// The clock origin of `waiting_since`.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_nanos() -> u64 {
+    Instant::now().duration_since(epoch()).as_nanos() as u64
+}
+
+impl Conn {
+    fn set_waiting(&self, waiting: bool) {
+        if waiting {
+            self.served.store(true, Ordering::Relaxed);
+            self.waiting_since.store(now_nanos(), Ordering::Relaxed);
+        } else {
+            self.waiting_since.store(BUSY, Ordering::Relaxed);
+        }
+    }
+
+    /// Since when it has been waiting, `None` while busy.
+    fn waiting(&self) -> Option<u64> {
+        match self.waiting_since.load(Ordering::Relaxed) {
+            BUSY => None,
+            t => Some(t),
+        }
+    }
 }
 
 #[derive(Default)]
 struct Registry {
-    conns: Mutex<HashMap<u64, Conn>>,
+    conns: Mutex<HashMap<u64, Arc<Conn>>>,
     next_id: AtomicU64,
 }
 
 impl Registry {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Conn>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
         match self.conns.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
     }
 
+    #[cfg(test)]
     fn set_waiting(&self, id: u64, waiting: bool) {
-        if let Some(c) = self.lock().get_mut(&id) {
-            if waiting {
-                c.waiting_since = Some(Instant::now());
-                c.served = true;
-            } else {
-                c.waiting_since = None;
-            }
+        if let Some(c) = self.lock().get(&id) {
+            c.set_waiting(waiting);
         }
     }
 
     /// Registers a new connection; at the bound, first closes the one waiting
     /// longest for a request. `None` when every open connection is busy.
-    fn admit(&self, bound: usize) -> Option<(u64, Arc<Notify>)> {
+    fn admit(&self, bound: usize) -> Option<(u64, Arc<Conn>)> {
         let mut conns = self.lock();
         if conns.len() >= bound {
             let oldest = conns
                 .iter()
-                .filter_map(|(id, c)| c.waiting_since.map(|t| (*id, t)))
+                .filter_map(|(id, c)| c.waiting().map(|t| (*id, t)))
                 .min_by_key(|(_, t)| *t)
                 .map(|(id, _)| id)?;
             if let Some(c) = conns.remove(&oldest) {
@@ -126,16 +155,13 @@ impl Registry {
             }
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let close = Arc::new(Notify::new());
-        conns.insert(
-            id,
-            Conn {
-                waiting_since: Some(Instant::now()),
-                served: false,
-                close: close.clone(),
-            },
-        );
-        Some((id, close))
+        let conn = Arc::new(Conn {
+            waiting_since: AtomicU64::new(now_nanos()),
+            served: AtomicBool::new(false),
+            close: Notify::new(),
+        });
+        conns.insert(id, conn.clone());
+        Some((id, conn))
     }
 
     fn remove(&self, id: u64) {
@@ -144,18 +170,18 @@ impl Registry {
 
     /// Closes every connection that waited past its timeout.
     fn reap(&self, limits: &Limits) -> usize {
-        let now = Instant::now();
+        let now = now_nanos();
         let mut conns = self.lock();
         let expired: Vec<u64> = conns
             .iter()
             .filter(|(_, c)| {
-                let limit = if c.served {
+                let limit = if c.served.load(Ordering::Relaxed) {
                     limits.idle_timeout
                 } else {
                     limits.header_read_timeout
                 };
-                c.waiting_since
-                    .is_some_and(|t| now.duration_since(t) > limit)
+                c.waiting()
+                    .is_some_and(|t| now.saturating_sub(t) > limit.as_nanos() as u64)
             })
             .map(|(id, _)| *id)
             .collect();
@@ -210,7 +236,7 @@ pub async fn serve(
                 }
             },
         };
-        let Some((id, close)) = registry.admit(limits.max_connections) else {
+        let Some((id, conn_state)) = registry.admit(limits.max_connections) else {
             tracing::warn!(peer = %peer, bound = limits.max_connections, "Every connection is busy: closed a new one.");
             drop(stream);
             continue;
@@ -219,8 +245,7 @@ pub async fn serve(
         let service = RequestService {
             app: app.clone(),
             peer,
-            id,
-            registry: registry.clone(),
+            conn: conn_state.clone(),
             body_timeout: limits.body_read_timeout,
         };
         let mut drain = drain_rx.clone();
@@ -236,7 +261,7 @@ pub async fn serve(
             tokio::pin!(conn);
             tokio::select! {
                 _ = conn.as_mut() => {}
-                _ = close.notified() => {}
+                _ = conn_state.close.notified() => {}
                 _ = async { let _ = drain.wait_for(|d| *d).await; } => {
                     conn.as_mut().graceful_shutdown();
                     let _ = tokio::time::timeout(Duration::from_secs(5), conn.as_mut()).await;
@@ -258,8 +283,7 @@ pub async fn serve(
 struct RequestService {
     app: Router,
     peer: SocketAddr,
-    id: u64,
-    registry: Arc<Registry>,
+    conn: Arc<Conn>,
     body_timeout: Duration,
 }
 
@@ -270,7 +294,7 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for RequestS
         Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
-        self.registry.set_waiting(self.id, false);
+        self.conn.set_waiting(false);
         let deadline = tokio::time::Instant::now() + self.body_timeout;
         let mut req = req.map(|body| {
             axum::body::Body::new(DeadlineBody {
@@ -279,13 +303,13 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for RequestS
             })
         });
         req.extensions_mut().insert(ConnectInfo(self.peer));
-        let app = self.app.clone();
+        let mut app = self.app.clone();
         let guard = WaitingAgain {
-            registry: self.registry.clone(),
-            id: self.id,
+            conn: self.conn.clone(),
         };
         Box::pin(async move {
-            let response = match tower_service::Service::call(&mut app.clone(), req).await {
+            // `Router` is always ready: no `poll_ready` needed before `call`.
+            let response = match tower_service::Service::call(&mut app, req).await {
                 Ok(r) => r,
                 Err(never) => match never {},
             };
@@ -302,13 +326,12 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for RequestS
 /// Marks the connection waiting for its next request when dropped (the response
 /// body is done, or the connection went away).
 struct WaitingAgain {
-    registry: Arc<Registry>,
-    id: u64,
+    conn: Arc<Conn>,
 }
 
 impl Drop for WaitingAgain {
     fn drop(&mut self) {
-        self.registry.set_waiting(self.id, true);
+        self.conn.set_waiting(true);
     }
 }
 
