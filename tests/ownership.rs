@@ -667,3 +667,50 @@ fn a_file_whose_sub_pipeline_is_invalid_reports_the_sub_pipeline_file() {
         "the error points at the child's file:\n{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_through_serve_reaches_the_cli_that_drives_the_run() {
+    let dir = Scratch::new();
+    let peer = peer_holding_b(|| Answer::Hold(Reply::ok())).await;
+    dir.write_pipeline("p", &durable_abc(&peer.url()));
+    let mut cli = CliRun::start(&dir.root, "p");
+    peer.wait_for_path("/b", 1).await;
+    let svc = Service::start(&dir.root).await;
+    let run = the_run(&svc).await;
+    let id = run_id(&run);
+    let answer = reqwest::Client::new()
+        .post(svc.url(&format!("/runs/{id}/cancel")))
+        .header("content-type", "application/json")
+        .body(r#"{"by": "carol"}"#)
+        .send()
+        .await
+        .expect("POST cancel");
+    assert_eq!(answer.status().as_u16(), 200);
+    // The CLI notices within its next poll; the step in flight finishes, c never starts.
+    let deadline = Instant::now() + EXIT_TIMEOUT;
+    while !std::fs::read_to_string(&cli.stderr)
+        .unwrap_or_default()
+        .contains("cancel requested through the server")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the CLI never saw the cancel\n{}",
+            cli.output()
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    peer.release();
+    let status = cli.wait().await;
+    assert_eq!(status.code(), Some(2), "{}", cli.output());
+    let run = svc.get_run(&id).await;
+    assert_eq!(run["status"], "cancelled", "{:?}", event_names(&run));
+    assert_eq!(event(&run, "run_cancelled")["by"], "carol", "{run:#}");
+    assert_eq!(
+        (
+            peer.count_path("/a"),
+            peer.count_path("/b"),
+            peer.count_path("/c")
+        ),
+        (1, 1, 0)
+    );
+}

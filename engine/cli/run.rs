@@ -92,7 +92,9 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
             .is_terminal()
             .then(|| tokio::spawn(answer_on_terminal(engine.clone(), run_id.clone())));
         let grace = Duration::from_secs(config.durability.shutdown_grace_seconds);
+        let cancels = tokio::spawn(watch_cancel_requests(engine.clone(), run_id.clone()));
         let end = drive_until_signal(&engine, &run_id, signals, grace).await?;
+        cancels.abort();
         if let Some(p) = prompter {
             p.abort();
         }
@@ -146,6 +148,40 @@ impl Signals {
         tokio::select! {
             _ = self.interrupt.recv() => "SIGINT",
             _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
+}
+
+/// `POST /runs/{id}/cancel` on a running `serve` cannot reach this process's
+/// memory, so `serve` stores the request (`runner::cancel_request_key`); this task
+/// reads it every second for the run and its sub-pipeline runs and cancels them
+/// here, at their next step boundary.
+async fn watch_cancel_requests(engine: Arc<Engine>, run_id: String) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let mut ids = vec![run_id.clone()];
+        if let (Ok(owned), Some(me)) = (engine.store.owned_running_runs(), engine.owner()) {
+            ids.extend(
+                owned
+                    .into_iter()
+                    .filter(|(_, o)| *o == me)
+                    .map(|(id, _)| id),
+            );
+        }
+        ids.dedup();
+        for id in ids {
+            if engine.is_cancelled(&id) {
+                continue;
+            }
+            if let Ok(Some(by)) = engine
+                .store
+                .kv(&vectorstep::runner::cancel_request_key(&id))
+            {
+                let by = Some(by).filter(|b| !b.is_empty());
+                eprintln!("cancel requested through the server for run {id}: stopping at the next step boundary");
+                engine.cancel_by(&id, by.as_deref());
+            }
         }
     }
 }

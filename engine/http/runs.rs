@@ -84,6 +84,19 @@ pub async fn cancel(
             format!("run is already {}", run.status),
         ));
     }
+    // A run of a live `vectorstep run` is driven by that process, which cannot see
+    // this process's memory: the request is stored for it (it polls every second).
+    if let Some(owner) = state.engine.store.run_owner(&id)? {
+        state
+            .engine
+            .store
+            .commit(vec![crate::store::Write::SetKv {
+                key: crate::runner::cancel_request_key(&id),
+                value: by.clone().unwrap_or_default(),
+            }])
+            .await?;
+        tracing::info!(run_id = %id, owner = %owner, "Cancel requested for a run of a `vectorstep run` process.");
+    }
     state.engine.cancel_by(&id, by.as_deref());
     Ok(Json(
         json!({"status": "cancelling", "run_id": id, "by": by, "detail": "the run stops at its next step boundary"}),

@@ -130,6 +130,12 @@ pub struct ParentLink {
     pub step_path: String,
 }
 
+/// The `kv` key under which `serve` stores a cancel request for a run another
+/// process (`vectorstep run`) drives; the value is who asked (may be empty).
+pub fn cancel_request_key(run_id: &str) -> String {
+    format!("cancel_request:{run_id}")
+}
+
 /// Who decided an approval: the name recorded as `by`, the channel it came
 /// through (`page`, `api`, `telegram`, ...) and, for the web, the client address.
 #[derive(Debug, Clone)]
