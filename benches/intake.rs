@@ -282,12 +282,8 @@ fn main() {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let app = router(state);
-        let limits = vectorstep::http::server::Limits {
-            header_read_timeout: Duration::from_secs(10),
-            body_read_timeout: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 10_000,
-        };
+        // The configured defaults, as `serve` would have them with 10,000 open files.
+        let limits = vectorstep::http::server::Limits::from_config(&config.server, 10_000);
         // `BENCH_SERVER=axum` serves with plain `axum::serve` instead, to compare the
         // cost of the limits side by side.
         if std::env::var("BENCH_SERVER").as_deref() == Ok("axum") {

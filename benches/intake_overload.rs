@@ -71,12 +71,8 @@ async fn start(dir: &std::path::Path, delay_ms: u64) -> (std::net::SocketAddr, A
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let limits = vectorstep::http::server::Limits {
-        header_read_timeout: Duration::from_secs(10),
-        body_read_timeout: Duration::from_secs(30),
-        idle_timeout: Duration::from_secs(60),
-        max_connections: 10_000,
-    };
+    // The configured defaults, as `serve` would have them with 10,000 open files.
+    let limits = vectorstep::http::server::Limits::from_config(&config.server, 10_000);
     tokio::spawn(vectorstep::http::server::serve(
         listener,
         router(state),

@@ -118,14 +118,7 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
 /// open-files limit (raised to its hard limit first).
 fn http_limits(config: &vectorstep::config::Config) -> vectorstep::http::server::Limits {
     use vectorstep::http::server;
-    let open_files = server::raise_open_files_limit();
-    let secs = Duration::from_secs_f64;
-    server::Limits {
-        header_read_timeout: secs(config.server.header_read_timeout_seconds),
-        body_read_timeout: secs(config.server.body_read_timeout_seconds),
-        idle_timeout: secs(config.server.idle_timeout_seconds),
-        max_connections: server::connection_bound(open_files, config.server.max_connections),
-    }
+    server::Limits::from_config(&config.server, server::raise_open_files_limit())
 }
 
 /// Refuses an open API on a non-loopback address (unless the operator says so)

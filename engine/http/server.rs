@@ -37,6 +37,20 @@ pub struct Limits {
     pub max_connections: usize,
 }
 
+impl Limits {
+    /// The limits `server.*` configures, with the connection bound derived from
+    /// `open_files` (see [`connection_bound`]).
+    pub fn from_config(server: &crate::config::Server, open_files: u64) -> Limits {
+        let secs = Duration::from_secs_f64;
+        Limits {
+            header_read_timeout: secs(server.header_read_timeout_seconds),
+            body_read_timeout: secs(server.body_read_timeout_seconds),
+            idle_timeout: secs(server.idle_timeout_seconds),
+            max_connections: connection_bound(open_files, server.max_connections),
+        }
+    }
+}
+
 /// Descriptors kept back from the connection bound: the store (database, WAL,
 /// shared memory, lock), outbound peers, MCP and shell children, logs.
 const RESERVED_FDS: u64 = 256;
