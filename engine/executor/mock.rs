@@ -1,8 +1,7 @@
 //! `mock`: a configurable fake for offline demos and pipeline tests.
 //!
-//! `executor_config`: `output` (the step output; string values may be templates),
-//! `delay_ms`, `usage {input_tokens, output_tokens, cost_usd}`, `fail` (true or an
-//! error message).
+//! Its `executor_config` keys are declared in
+//! [`crate::pipeline::executor_config::mock::FIELDS`].
 
 use std::time::Duration;
 

@@ -89,15 +89,7 @@ pub struct Executors {
 }
 
 fn key(kind: ExecutorKind) -> &'static str {
-    match kind {
-        ExecutorKind::Agent => "agent",
-        ExecutorKind::Webhook => "webhook",
-        ExecutorKind::Shell => "shell",
-        ExecutorKind::Human => "human",
-        ExecutorKind::Notify => "notify",
-        ExecutorKind::Pipeline => "pipeline",
-        ExecutorKind::Mock => "mock",
-    }
+    kind.as_str()
 }
 
 impl Executors {

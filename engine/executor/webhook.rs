@@ -1,8 +1,8 @@
 //! `webhook`: one HTTP request whose body is the rendered `prompt_template`.
 //!
-//! `executor_config`: `url` (a template), `method` (default POST), `headers`
-//! (mapping; values `${VAR}`-expanded so secrets stay in the environment),
-//! `timeout_seconds`. A JSON answer shaped like a step output becomes the output;
+//! Its `executor_config` keys are declared in
+//! [`crate::pipeline::executor_config::webhook::FIELDS`]; header values are
+//! `${VAR}`-expanded here, per call, so secrets stay in the environment. A JSON answer shaped like a step output becomes the output;
 //! any other 2xx answer is a delivery receipt; non-2xx fails the step.
 
 use std::time::Duration;
