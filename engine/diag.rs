@@ -95,6 +95,22 @@ impl Diagnostics {
         self.push(Severity::Warning, span, path, message.into(), None)
     }
 
+    pub fn warning_hint(
+        &mut self,
+        span: &Span,
+        path: &str,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> &mut Self {
+        self.push(
+            Severity::Warning,
+            span,
+            path,
+            message.into(),
+            Some(hint.into()),
+        )
+    }
+
     fn push(
         &mut self,
         severity: Severity,

@@ -142,11 +142,14 @@ const FIRST_ERROR: &[(&str, usize, usize, &str, &str)] = &[
     ("loop-max-iterations-zero", 9, 51, "steps[0].loop_until.max_iterations", "must be at least 1, found 0"),
     ("missing-executor", 5, 5, "steps[0]", "missing required field `executor`"),
     ("missing-name", 2, 1, "", "missing required field `name`"),
+    ("mock-fail-wrong-type", 8, 13, "steps[0].executor_config.fail", "expected a boolean or a message, found an integer"),
     ("notification-missing-template", 6, 7, "notifications.escalate[0]", "missing required field `template`"),
+    ("notify-unknown-channel", 8, 16, "steps[0].executor_config.channel", "unknown notify channel"),
     ("parallel-missing-steps", 6, 7, "steps[0].parallel", "missing required field `steps`"),
     ("retry-attempts-zero", 9, 23, "steps[0].retry.attempts", "must be at least 1, found 0"),
     ("retry-bad-backoff", 9, 35, "steps[0].retry.backoff", "`linear` is not one of: fixed, exponential"),
     ("shell-command-string", 8, 16, "steps[0].executor_config.command", "expected an argv list, found a string"),
+    ("shell-env-not-a-mapping", 9, 12, "steps[0].executor_config.env", "expected a mapping, found a string"),
     ("step-missing-name", 9, 5, "steps[1]", "missing required field `name`"),
     ("subpipeline-unknown", 8, 17, "steps[0].executor_config.pipeline", "unknown pipeline `does-not-exist`"),
     ("threshold-out-of-range", 9, 27, "steps[0].confidence_threshold", "1.5 is outside 0..1"),
@@ -369,6 +372,36 @@ fn warnings_do_not_fail_validation() {
     one("verifier-and-grounding.yaml:11:5: warning: steps[0].verifier: `verifier` is a VectorStep feature");
     one("verifier-and-grounding.yaml:16:5: warning: steps[0].grounding: `grounding` is a VectorStep feature");
     one("forward-step-reference.yaml:10:22: warning: steps[0].prompt_template: `steps.later_step` refers to a step that does not run before `first`");
+}
+
+/// Keys an executor does not read load with a warning that names the key, where
+/// it is and what was probably meant; the pipeline still loads.
+#[test]
+fn unknown_executor_config_keys_are_warnings_with_a_suggestion() {
+    let out = vectorstep(&[
+        "--config",
+        "tests/fixtures/config.yaml",
+        "validate",
+        "tests/fixtures/executor-config-warnings",
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(ok_count(&out), 1);
+    assert!(!stderr.contains(": error:"), "{stderr}");
+    let warnings = lines_with(&stderr, ": warning: ");
+    assert_eq!(
+        warnings,
+        [
+            "tests/fixtures/executor-config-warnings/misspelt-key.yaml:10:7: warning: steps[0].executor_config.methd: unknown key `methd` for the webhook executor; it is ignored",
+            "tests/fixtures/executor-config-warnings/misspelt-key.yaml:13:23: warning: steps[1].executor_config.channel: unknown key `channel` for the human executor; it is ignored",
+        ],
+        "{stderr}"
+    );
+    assert!(stderr.contains("hint: did you mean `method`?"), "{stderr}");
+    assert!(
+        stderr.contains("hint: the human executor takes no `executor_config` keys"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -10,6 +10,8 @@ use std::sync::Arc;
 use reqwest::header::{HeaderValue, AUTHORIZATION};
 use serde_json::{json, Value};
 
+use crate::pipeline::ExecutorConfig;
+
 use super::http;
 use super::{BoxFuture, Call, Error, Executor, Outcome};
 use crate::config::{Agent as AgentConfig, Config, Price, Provider};
@@ -113,18 +115,12 @@ impl Agent {
     }
 }
 
-/// The validated `action.agent`, or the raw `executor_config.agent` for callers
-/// that build an action by hand.
+/// The agent the step's config names.
 fn agent_name(call: &Call<'_>) -> Result<String, Error> {
-    if let Some(a) = &call.action.agent {
-        return Ok(a.clone());
+    match &call.action.config {
+        ExecutorConfig::Agent(a) => Ok(a.agent.clone()),
+        _ => Err(super::wrong_config(call, "agent")),
     }
-    call.action
-        .config
-        .get("agent")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| Error::Config("the agent executor needs `executor_config.agent`".into()))
 }
 
 /// The chat completion request for `agent` and the rendered prompt.

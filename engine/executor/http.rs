@@ -73,16 +73,10 @@ fn header_value(text: &str) -> HeaderValue {
 }
 
 /// The shorter of an executor's own timeout and the step's, if either is set.
-/// The call's URL: the rendered `url` template, else the raw `executor_config.url`
+/// The call's URL: the rendered `url` template, else `raw`, the configured `url`
 /// (so an executor also works when called directly, without the runner rendering).
-pub fn target_url(call: &Call<'_>, who: &str) -> Result<String, Error> {
-    match (
-        call.rendered.get("url"),
-        call.action
-            .config
-            .get("url")
-            .and_then(serde_json::Value::as_str),
-    ) {
+pub fn target_url(call: &Call<'_>, raw: Option<&str>, who: &str) -> Result<String, Error> {
+    match (call.rendered.get("url"), raw) {
         (Some(u), _) => Ok(u.clone()),
         (None, Some(u)) => Ok(u.to_string()),
         (None, None) => Err(Error::Config(format!("{who} needs `executor_config.url`"))),

@@ -1,14 +1,15 @@
 //! `mock`: a configurable fake for offline demos and pipeline tests.
 //!
-//! `executor_config`: `output` (the step output; string values may be templates),
-//! `delay_ms`, `usage {input_tokens, output_tokens, cost_usd}`, `fail` (true or an
-//! error message).
+//! Its `executor_config` keys are declared in
+//! [`crate::pipeline::executor_config::mock::FIELDS`].
 
 use std::time::Duration;
 
 use serde_json::Value;
 
 use super::{BoxFuture, Call, Error, Executor, Outcome};
+use crate::pipeline::executor_config::MockFail;
+use crate::pipeline::ExecutorConfig;
 use crate::run::{StepOutput, Usage};
 
 pub struct Mock;
@@ -28,16 +29,18 @@ fn apply_rendered(v: &mut Value, call: &Call<'_>) {
 impl Executor for Mock {
     fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Outcome, Error>> {
         Box::pin(async move {
-            let cfg = &call.action.config;
-            if let Some(ms) = cfg.get("delay_ms").and_then(Value::as_u64) {
+            let ExecutorConfig::Mock(cfg) = &call.action.config else {
+                return Err(super::wrong_config(&call, "mock"));
+            };
+            if let Some(ms) = cfg.delay_ms {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
             }
-            match cfg.get("fail") {
-                Some(Value::Bool(true)) => return Err(Error::Failed("mock failure".into())),
-                Some(Value::String(msg)) => return Err(Error::Failed(msg.clone())),
-                _ => {}
+            match &cfg.fail {
+                Some(MockFail::Default) => return Err(Error::Failed("mock failure".into())),
+                Some(MockFail::Message(msg)) => return Err(Error::Failed(msg.clone())),
+                None => {}
             }
-            let output = match cfg.get("output") {
+            let output = match &cfg.output {
                 Some(v) => {
                     let mut v = v.clone();
                     apply_rendered(&mut v, &call);
@@ -45,10 +48,10 @@ impl Executor for Mock {
                 }
                 None => StepOutput::new(1.0, format!("mock step {} done", call.step_path)),
             };
-            let usage = cfg.get("usage").map(|u| Usage {
-                input_tokens: u.get("input_tokens").and_then(Value::as_u64).unwrap_or(0),
-                output_tokens: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
-                cost_usd: u.get("cost_usd").and_then(Value::as_f64),
+            let usage = cfg.usage.as_ref().map(|u| Usage {
+                input_tokens: u.input_tokens,
+                output_tokens: u.output_tokens,
+                cost_usd: u.cost_usd,
             });
             Ok(Outcome {
                 output,

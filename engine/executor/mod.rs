@@ -67,6 +67,15 @@ pub enum Error {
     Config(String),
 }
 
+/// The error for an executor handed another kind's config: only a hand-built
+/// [`Action`] can do that, since the loader decodes the config for its executor.
+pub(crate) fn wrong_config(call: &Call<'_>, executor: &str) -> Error {
+    Error::Config(format!(
+        "the {executor} executor was given the executor_config of a {} step",
+        call.action.config.kind().as_str()
+    ))
+}
+
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 pub trait Executor: Send + Sync {
@@ -80,15 +89,7 @@ pub struct Executors {
 }
 
 fn key(kind: ExecutorKind) -> &'static str {
-    match kind {
-        ExecutorKind::Agent => "agent",
-        ExecutorKind::Webhook => "webhook",
-        ExecutorKind::Shell => "shell",
-        ExecutorKind::Human => "human",
-        ExecutorKind::Notify => "notify",
-        ExecutorKind::Pipeline => "pipeline",
-        ExecutorKind::Mock => "mock",
-    }
+    kind.as_str()
 }
 
 impl Executors {

@@ -17,6 +17,8 @@ use serde_json::{json, Value};
 use super::http;
 use super::{BoxFuture, Call, Error, Executor, Outcome};
 use crate::config::Config;
+use crate::pipeline::executor_config::Channel;
+use crate::pipeline::ExecutorConfig;
 use crate::run::{StepOutput, Usage};
 
 /// Used when the step sets no timeout: notifications are small, so a peer that
@@ -39,20 +41,22 @@ pub struct Message {
     pub body: Option<Value>,
 }
 
-/// Checks the step's channel and builds its message; a step that cannot work
-/// (unknown channel, no url, Telegram not configured) is a [`Error::Config`].
+/// Builds the step's message; a step that cannot work (no url, Telegram not
+/// configured) is a [`Error::Config`]. The loader already checked the channel.
 pub fn prepare(config: &Config, call: &Call<'_>) -> Result<Message, Error> {
-    let cfg = &call.action.config;
-    let channel = cfg.get("channel").and_then(Value::as_str).unwrap_or("log");
-    match channel {
-        "log" => Ok(Message {
+    let ExecutorConfig::Notify(cfg) = &call.action.config else {
+        return Err(super::wrong_config(call, "notify"));
+    };
+    let channel = cfg.channel.as_str();
+    match cfg.channel {
+        Channel::Log => Ok(Message {
             channel: channel.into(),
             text: call.prompt.clone(),
             url: None,
             body: None,
         }),
-        "webhook" => {
-            let url = http::target_url(call, "the webhook channel")?;
+        Channel::Webhook => {
+            let url = http::target_url(call, cfg.url.as_deref(), "the webhook channel")?;
             let body = json!({"text": call.prompt, "run_id": call.run_id, "step": call.step_path});
             Ok(Message {
                 channel: channel.into(),
@@ -61,7 +65,7 @@ pub fn prepare(config: &Config, call: &Call<'_>) -> Result<Message, Error> {
                 body: Some(body),
             })
         }
-        "telegram" => {
+        Channel::Telegram => {
             let Some(tg) = &config.telegram else {
                 return Err(Error::Config(
                     "the telegram channel needs `notifications.telegram` (bot_token, chat_id) in config.yaml"
@@ -77,9 +81,6 @@ pub fn prepare(config: &Config, call: &Call<'_>) -> Result<Message, Error> {
                 body: Some(body),
             })
         }
-        other => Err(Error::Config(format!(
-            "unknown notify channel `{other}` (channels: log, webhook, telegram)"
-        ))),
     }
 }
 

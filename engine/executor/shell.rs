@@ -20,6 +20,8 @@ use tokio::process::{Child, Command};
 use super::http::{excerpt, tail};
 use super::{BoxFuture, Call, Error, Executor, Outcome};
 use crate::config::expand_env;
+use crate::pipeline::executor_config::ShellConfig;
+use crate::pipeline::ExecutorConfig;
 use crate::run::{StepOutput, Usage};
 
 /// The most stdout and stderr kept per stream; the rest is read and discarded so
@@ -41,7 +43,10 @@ impl Executor for Shell {
 }
 
 async fn run(call: Call<'_>) -> Result<Outcome, Error> {
-    let argv = argv(&call)?;
+    let ExecutorConfig::Shell(cfg) = &call.action.config else {
+        return Err(super::wrong_config(&call, "shell"));
+    };
+    let argv = argv(&call, cfg)?;
     let program = argv[0].clone();
     let mut cmd = Command::new(&program);
     cmd.args(&argv[1..])
@@ -50,12 +55,12 @@ async fn run(call: Call<'_>) -> Result<Outcome, Error> {
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true)
-        .envs(env(&call)?)
+        .envs(env(cfg))
         .env("VECTORSTEP_IDEMPOTENCY_KEY", call.idempotency_key)
         .env("VECTORSTEP_ATTEMPT", call.attempt.to_string())
         .env("VECTORSTEP_RUN_ID", call.run_id)
         .env("VECTORSTEP_STEP", call.step_path);
-    if let Some(dir) = cwd(&call)? {
+    if let Some(dir) = cwd(cfg)? {
         cmd.current_dir(dir);
     }
     let child = cmd
@@ -130,32 +135,24 @@ fn interpret(status: ExitStatus, stdout: &Captured, stderr: &Captured) -> Result
 }
 
 /// The rendered argv in index order. An element the runner did not render (a test
-/// calling the executor directly) falls back to the raw config string.
-fn argv(call: &Call<'_>) -> Result<Vec<String>, Error> {
-    let raw = match call.action.config.get("command") {
-        Some(Value::Array(items)) if !items.is_empty() => items,
-        _ => {
-            return Err(Error::Config(
-                "the shell executor needs `executor_config.command` as a non-empty argv list"
-                    .into(),
-            ))
-        }
-    };
-    let mut argv = Vec::with_capacity(raw.len());
-    for (i, item) in raw.iter().enumerate() {
-        let arg = match (call.rendered.get(&format!("command/{i}")), item) {
-            (Some(text), _) => text.clone(),
-            (None, Value::String(s)) => s.clone(),
-            (None, Value::Number(n)) => n.to_string(),
-            (None, Value::Bool(b)) => b.to_string(),
-            (None, other) => {
-                return Err(Error::Config(format!(
-                    "`command[{i}]` must be a string, found {other}"
-                )))
-            }
-        };
-        argv.push(arg);
+/// calling the executor directly) falls back to the configured string.
+fn argv(call: &Call<'_>, cfg: &ShellConfig) -> Result<Vec<String>, Error> {
+    if cfg.command.is_empty() {
+        return Err(Error::Config(
+            "the shell executor needs `executor_config.command` as a non-empty argv list".into(),
+        ));
     }
+    let argv: Vec<String> = cfg
+        .command
+        .iter()
+        .enumerate()
+        .map(
+            |(i, raw)| match call.rendered.get(&format!("command/{i}")) {
+                Some(text) => text.clone(),
+                None => raw.clone(),
+            },
+        )
+        .collect();
     if argv[0].trim().is_empty() {
         return Err(Error::Config(
             "`command[0]` (the program) rendered to an empty string".into(),
@@ -165,40 +162,16 @@ fn argv(call: &Call<'_>) -> Result<Vec<String>, Error> {
 }
 
 /// `executor_config.env` with `${VAR}` expanded against the service's environment.
-fn env(call: &Call<'_>) -> Result<Vec<(String, String)>, Error> {
-    let Some(v) = call.action.config.get("env").filter(|v| !v.is_null()) else {
-        return Ok(Vec::new());
-    };
-    let Some(map) = v.as_object() else {
-        return Err(Error::Config(
-            "`executor_config.env` must be a mapping".into(),
-        ));
-    };
-    let mut out = Vec::with_capacity(map.len());
-    for (name, value) in map {
-        let text = match value {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => n.to_string(),
-            Value::Bool(b) => b.to_string(),
-            other => {
-                return Err(Error::Config(format!(
-                    "`executor_config.env.{name}` must be a string, found {other}"
-                )))
-            }
-        };
-        out.push((name.clone(), expand(&text)));
-    }
-    Ok(out)
+fn env(cfg: &ShellConfig) -> Vec<(String, String)> {
+    cfg.env
+        .iter()
+        .map(|(name, text)| (name.clone(), expand(text)))
+        .collect()
 }
 
-fn cwd(call: &Call<'_>) -> Result<Option<String>, Error> {
-    let Some(v) = call.action.config.get("cwd").filter(|v| !v.is_null()) else {
+fn cwd(cfg: &ShellConfig) -> Result<Option<String>, Error> {
+    let Some(dir) = &cfg.cwd else {
         return Ok(None);
-    };
-    let Some(dir) = v.as_str() else {
-        return Err(Error::Config(
-            "`executor_config.cwd` must be a string".into(),
-        ));
     };
     let dir = expand(dir);
     // Checked here because a missing cwd makes spawn fail with ENOENT, which would

@@ -1,8 +1,8 @@
 //! `webhook`: one HTTP request whose body is the rendered `prompt_template`.
 //!
-//! `executor_config`: `url` (a template), `method` (default POST), `headers`
-//! (mapping; values `${VAR}`-expanded so secrets stay in the environment),
-//! `timeout_seconds`. A JSON answer shaped like a step output becomes the output;
+//! Its `executor_config` keys are declared in
+//! [`crate::pipeline::executor_config::webhook::FIELDS`]; header values are
+//! `${VAR}`-expanded here, per call, so secrets stay in the environment. A JSON answer shaped like a step output becomes the output;
 //! any other 2xx answer is a delivery receipt; non-2xx fails the step.
 
 use std::time::Duration;
@@ -14,6 +14,8 @@ use serde_json::Value;
 use super::http::{self, Reply};
 use super::{BoxFuture, Call, Error, Executor, Outcome};
 use crate::config::expand_env;
+use crate::pipeline::executor_config::WebhookConfig;
+use crate::pipeline::ExecutorConfig;
 use crate::run::{StepOutput, Usage};
 
 /// Used when neither the step nor `executor_config` bounds the request, so a peer
@@ -38,12 +40,14 @@ impl Executor for Webhook {
 
 impl Webhook {
     async fn run(&self, call: Call<'_>) -> Result<Outcome, Error> {
-        let cfg = &call.action.config;
-        let url = http::target_url(&call, "the webhook executor")?;
+        let ExecutorConfig::Webhook(cfg) = &call.action.config else {
+            return Err(super::wrong_config(&call, "webhook"));
+        };
+        let url = http::target_url(&call, Some(&cfg.url), "the webhook executor")?;
         let method = method(cfg)?;
-        let own = http::seconds(cfg.get("timeout_seconds").and_then(Value::as_f64));
+        let own = http::seconds(cfg.timeout_seconds);
         let timeout = http::shortest(own, call.timeout).unwrap_or(DEFAULT_TIMEOUT);
-        let headers = headers(&call)?;
+        let headers = headers(&call, cfg)?;
         let what = format!("webhook {method}");
         let mut req = self
             .client
@@ -93,8 +97,8 @@ pub fn interpret(reply: &Reply) -> Result<Outcome, Error> {
     })
 }
 
-fn method(cfg: &Value) -> Result<Method, Error> {
-    match cfg.get("method").and_then(Value::as_str) {
+fn method(cfg: &WebhookConfig) -> Result<Method, Error> {
+    match cfg.method.as_deref() {
         None => Ok(Method::POST),
         Some(m) => Method::from_bytes(m.trim().to_ascii_uppercase().as_bytes())
             .map_err(|_| Error::Config(format!("`{m}` is not an HTTP method"))),
@@ -103,7 +107,7 @@ fn method(cfg: &Value) -> Result<Method, Error> {
 
 /// Content-Type by body, then the configured headers (which may override it), then
 /// the idempotency headers, which always win so a retry is recognisable.
-fn headers(call: &Call<'_>) -> Result<HeaderMap, Error> {
+fn headers(call: &Call<'_>, cfg: &WebhookConfig) -> Result<HeaderMap, Error> {
     let mut h = HeaderMap::new();
     let json = serde_json::from_str::<Value>(&call.prompt).is_ok();
     h.insert(
@@ -114,26 +118,18 @@ fn headers(call: &Call<'_>) -> Result<HeaderMap, Error> {
             "text/plain; charset=utf-8"
         }),
     );
-    if let Some(map) = call.action.config.get("headers").and_then(Value::as_object) {
-        for (name, value) in map {
-            let raw = match value {
-                Value::String(s) => s.clone(),
-                Value::Number(n) => n.to_string(),
-                Value::Bool(b) => b.to_string(),
-                _ => return Err(Error::Config(format!("header `{name}` must be a string"))),
-            };
-            let mut missing = Vec::new();
-            let text = expand_env(&raw, &|k| std::env::var(k).ok(), &mut missing);
-            for var in missing {
-                tracing::warn!(header = %name, variable = %var, "Environment variable for a webhook header is not set; it expands to an empty string.");
-            }
-            let name = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| Error::Config(format!("`{name}` is not a valid header name")))?;
-            // The value is not quoted: it usually carries a token.
-            let value = HeaderValue::from_str(&text)
-                .map_err(|_| Error::Config(format!("header `{name}` has an invalid value")))?;
-            h.insert(name, value);
+    for (name, raw) in &cfg.headers {
+        let mut missing = Vec::new();
+        let text = expand_env(raw, &|k| std::env::var(k).ok(), &mut missing);
+        for var in missing {
+            tracing::warn!(header = %name, variable = %var, "Environment variable for a webhook header is not set; it expands to an empty string.");
         }
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| Error::Config(format!("`{name}` is not a valid header name")))?;
+        // The value is not quoted: it usually carries a token.
+        let value = HeaderValue::from_str(&text)
+            .map_err(|_| Error::Config(format!("header `{name}` has an invalid value")))?;
+        h.insert(name, value);
     }
     h.extend(http::call_headers(call));
     Ok(h)

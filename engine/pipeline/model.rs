@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde_json::Value as Json;
 
+pub use super::executor_config::{ExecutorConfig, ExecutorKind};
 use super::template::{Expr, Template, Templates};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,48 +142,15 @@ pub struct OnFailure {
     pub webhook: Option<FailureWebhook>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExecutorKind {
-    Agent,
-    Webhook,
-    Shell,
-    Human,
-    Notify,
-    Pipeline,
-    Mock,
-}
-
-impl ExecutorKind {
-    pub const NAMES: &'static [&'static str] = &[
-        "agent", "gateway", "openclaw", "webhook", "shell", "human", "notify", "pipeline", "mock",
-    ];
-
-    pub fn parse(name: &str) -> Option<ExecutorKind> {
-        Some(match name {
-            "agent" | "gateway" | "openclaw" => ExecutorKind::Agent,
-            "webhook" => ExecutorKind::Webhook,
-            "shell" => ExecutorKind::Shell,
-            "human" => ExecutorKind::Human,
-            "notify" => ExecutorKind::Notify,
-            "pipeline" => ExecutorKind::Pipeline,
-            "mock" => ExecutorKind::Mock,
-            _ => return None,
-        })
-    }
-
-    /// Whether a call can change the world outside vectorstep.
-    pub fn has_side_effects(self) -> bool {
-        !matches!(self, ExecutorKind::Mock | ExecutorKind::Pipeline)
-    }
-}
-
 /// What runs one unit of work: shared by plain steps, branches and fan-outs.
 #[derive(Debug, Clone)]
 pub struct Action {
     /// The executor name as written (`gateway` stays `gateway`; it feeds the fingerprint).
     pub executor_name: String,
     pub executor: ExecutorKind,
-    pub config: Json,
+    /// `executor_config`, decoded for `executor` at load.
+    pub config: ExecutorConfig,
+    /// The agent an `agent` executor names; the fingerprint covers it.
     pub agent: Option<String>,
     pub prompt: Template,
     /// Templates inside `executor_config` (shell argv elements, webhook url, ...),

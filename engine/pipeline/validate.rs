@@ -60,15 +60,6 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    pub fn agent_names(&self) -> String {
-        let names: Vec<&str> = self.config.agents.keys().map(String::as_str).collect();
-        if names.is_empty() {
-            "(none defined)".into()
-        } else {
-            names.join(", ")
-        }
-    }
-
     /// Reads and claims the `name` of a step, group or fan-out.
     pub fn unit_name(&mut self, o: &Obj<'_>, d: &mut Diagnostics) -> Option<String> {
         let name = o.req_str(d, "name")?;

@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::step::CallFailure;
 use super::{Created, Engine, ParentLink, RunEnd};
 use crate::executor::{Call, Outcome};
+use crate::pipeline::ExecutorConfig;
 use crate::run::context::Normalised;
 use crate::run::{StepOutput, Usage};
 
@@ -20,12 +21,10 @@ fn fail(msg: impl Into<String>) -> CallFailure {
 }
 
 pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome, CallFailure> {
-    let name = call
-        .action
-        .config
-        .get("pipeline")
-        .and_then(Value::as_str)
-        .ok_or_else(|| fail("executor_config.pipeline is missing"))?;
+    let ExecutorConfig::Pipeline(cfg) = &call.action.config else {
+        return Err(fail("executor_config.pipeline is missing"));
+    };
+    let name = cfg.pipeline.as_str();
     let child = engine
         .pipeline(name)
         .ok_or_else(|| fail(format!("Sub-pipeline '{name}' is not loaded")))?;
@@ -149,9 +148,10 @@ async fn wait_for(engine: &Arc<Engine>, id: &str) -> Result<String, CallFailure>
 /// merge over the parent's, `summary`, `severity` and `team` replace, anything else
 /// lands in `metadata`. String values were rendered against the parent step's context.
 fn apply_context(trigger: &mut Normalised, call: &Call<'_>) {
-    let Some(ctx) = call.action.config.get("context").and_then(Value::as_object) else {
+    let ExecutorConfig::Pipeline(cfg) = &call.action.config else {
         return;
     };
+    let ctx = &cfg.context;
     let text = |pointer: String, raw: &Value| -> Value {
         match call.rendered.get(&pointer) {
             Some(s) => Value::from(s.clone()),

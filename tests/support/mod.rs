@@ -16,7 +16,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use vectorstep::executor::Call;
 use vectorstep::pipeline::template::Template;
-use vectorstep::pipeline::{Action, ExecutorKind};
+use vectorstep::pipeline::{Action, ExecutorConfig, ExecutorKind};
 
 /// One request as the fake peer saw it. Header names are lower-case.
 #[derive(Debug, Clone)]
@@ -209,7 +209,7 @@ pub fn action(kind: ExecutorKind, name: &str, config: Value) -> Action {
     Action {
         executor_name: name.to_string(),
         executor: kind,
-        config,
+        config: ExecutorConfig::from_json(kind, &config).expect("a valid executor_config"),
         agent: None,
         prompt: Template::empty(),
         config_templates: Vec::new(),
