@@ -13,7 +13,7 @@ use vectorstep::clock::SystemClock;
 use vectorstep::config::Config;
 use vectorstep::executor::Executors;
 use vectorstep::run::context::Normalised;
-use vectorstep::runner::{Created, Engine, RunEnd};
+use vectorstep::runner::{Created, DriveMode, Engine, RunEnd};
 use vectorstep::store::{EventRecord, RunRecord, StepRecord, Store};
 
 struct Ran {
@@ -65,7 +65,7 @@ async fn run(yaml: &str, llm_base: &str) -> Ran {
     else {
         panic!("not created")
     };
-    let end = engine.drive(&id, false).await.unwrap();
+    let end = engine.drive(&id, DriveMode::New).await.unwrap();
     assert!(matches!(end, RunEnd::Finished(_)));
     Ran {
         run: store.run(&id).unwrap().unwrap(),

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use vectorstep::config::Config;
 use vectorstep::executor::Executors;
 use vectorstep::run::context::Normalised;
-use vectorstep::runner::{Created, Engine, RunEnd};
+use vectorstep::runner::{Created, DriveMode, Engine, RunEnd};
 use vectorstep::store::{EventRecord, NotificationRecord, RunRecord, StepRecord, Store};
 
 // ---------------------------------------------------------------- harness
@@ -169,7 +169,7 @@ async fn run_pipelines(pipelines: &[&str], labels: &[(&str, &str)]) -> Ran {
     else {
         panic!("run was deduplicated")
     };
-    let end = engine.drive(&id, false).await.unwrap();
+    let end = engine.drive(&id, DriveMode::New).await.unwrap();
     let run = store.run(&id).unwrap().unwrap();
     assert_eq!(end, RunEnd::Finished(run.status.clone()));
     Ran {
