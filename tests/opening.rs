@@ -4,7 +4,8 @@
 //! once with attempt 1, and a cancel arriving before the driver starts takes effect
 //! at the boundary after that step, like a cancel during any other step.
 
-mod engine_support;
+mod common;
+use common::engine_support;
 
 use engine_support::{create, engine_with};
 use vectorstep::runner::{Created, DriveMode, RunEnd};

@@ -4,7 +4,8 @@
 //! The end-to-end side (real binary, page, cancel, bulk decisions) is in
 //! `tests/approvals_cases/parking.rs`.
 
-mod engine_support;
+mod common;
+use common::engine_support;
 
 use std::time::{Duration, Instant};
 

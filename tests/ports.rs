@@ -3,7 +3,8 @@
 //! per run in memory (cancellations, approval wake-ups, used approvals) is dropped
 //! when the run's driver ends.
 
-mod engine_support;
+mod common;
+use common::engine_support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -57,7 +58,9 @@ fn code_of(line: &str) -> String {
 /// in a path: `use` items (also inside a `{...}` group across lines) and
 /// qualified paths such as `crate::telegram::Client`.
 fn imports_of(dir: &str, module: &str) -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("engine").join(dir);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("engine")
+        .join(dir);
     let path = regex::Regex::new(&format!(
         r"\b(crate|super|self|vectorstep)(::\w+)*::{module}\b"
     ))
@@ -79,7 +82,9 @@ fn imports_of(dir: &str, module: &str) -> Vec<String> {
                 path.is_match(&code)
             };
             if names {
-                let rel = file.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(&file);
+                let rel = file
+                    .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                    .unwrap_or(&file);
                 found.push(format!("{}:{}: {}", rel.display(), n + 1, raw.trim()));
             }
             if in_use && code.contains(';') {
@@ -108,7 +113,10 @@ fn the_import_scan_finds_an_import() {
         found.iter().any(|l| l.contains("mod.rs")),
         "expected telegram/mod.rs to import runner: {found:?}"
     );
-    assert_eq!(code_of(r#"let s = "crate::telegram::x"; // telegram::y"#), r#"let s = ""; "#);
+    assert_eq!(
+        code_of(r#"let s = "crate::telegram::x"; // telegram::y"#),
+        r#"let s = ""; "#
+    );
 }
 
 const GATE: &str = concat!(
@@ -211,7 +219,11 @@ async fn a_parked_run_keeps_its_cancellation_until_its_driver_ends() {
     assert_eq!(end, RunEnd::Parked);
     s.engine.cancel(&id);
     until("the cancelled run's driver ends", || {
-        s.store.run(&id).ok().flatten().is_some_and(|r| r.status == "cancelled")
+        s.store
+            .run(&id)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.status == "cancelled")
             && s.engine.active_runs() == 0
     })
     .await;
