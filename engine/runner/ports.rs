@@ -24,7 +24,8 @@ pub enum ApprovalChange {
     /// A new request was recorded (its delivery starts in the background).
     Requested { run_id: String, token: String },
     /// The approval was decided (approved, rejected, timed out), or its request was
-    /// delivered after a decision the message could not show yet.
+    /// delivered after it stopped being pending, which the message could not show
+    /// yet.
     Decided { token: String },
     /// The run ended and closed its pending approvals.
     Closed { run_id: String },
@@ -135,7 +136,9 @@ impl ApprovalDesk {
         approve: bool,
         decider: &Decider,
     ) -> Result<Outcome, Error> {
-        self.engine.decide_approval_by(token, approve, decider).await
+        self.engine
+            .decide_approval_by(token, approve, decider)
+            .await
     }
 
     pub fn store(&self) -> &Store {

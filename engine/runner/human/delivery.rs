@@ -92,13 +92,20 @@ pub fn spawn(engine: &Arc<Engine>, a: ApprovalRecord) {
     if route == Route::Page {
         return;
     }
+    // Taken here, while the run's driver is in progress, so the entry is dropped
+    // with the run's other state when the run ends (see `signals`).
+    let signal = engine.approval_signal(&a.run_id, &a.token);
     let engine = engine.clone();
-    tokio::spawn(async move { deliver(engine, a, route).await });
+    tokio::spawn(async move { deliver(engine, a, route, signal).await });
 }
 
-async fn deliver(engine: Arc<Engine>, a: ApprovalRecord, route: Route) {
+async fn deliver(
+    engine: Arc<Engine>,
+    a: ApprovalRecord,
+    route: Route,
+    signal: Arc<tokio::sync::Notify>,
+) {
     let channel = route.channel();
-    let signal = engine.approval_signal(&a.run_id, &a.token);
     let mut shutdown = engine.shutdown_signal();
     let mut backoff = FIRST_BACKOFF;
     loop {
@@ -151,9 +158,9 @@ async fn send(
             if engine.config.telegram.is_none() {
                 return Err("notifications.telegram is not configured".into());
             }
-            let channel = engine.chat_channel().ok_or(
-                "no Telegram channel was attached to this engine at start",
-            )?;
+            let channel = engine
+                .chat_channel()
+                .ok_or("no Telegram channel was attached to this engine at start")?;
             channel.send_approval(chat, &a.message, &a.token).await
         }
         Route::Webhook { url } => {

@@ -15,8 +15,8 @@ use super::super::step::CallFailure;
 use super::super::Engine;
 use super::fail;
 use crate::executor::{Call, Outcome};
-use crate::runner::ApprovalChange;
 use crate::run::{StepOutput, Usage};
+use crate::runner::ApprovalChange;
 use crate::store::{ApprovalRecord, Write};
 
 /// How many re-reads per second all waiters together may cost. A waiter re-reads
