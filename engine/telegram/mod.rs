@@ -2,11 +2,12 @@
 //! turns presses into decisions, and the edits that show a decision (or why an
 //! approval closed) in the chat. The only module that imports teloxide.
 //!
-//! It knows the engine only through the ports of `runner::ports`: [`attach`]
-//! installs a [`ChatChannel`] (how human steps send their requests) and subscribes
-//! to [`ApprovalChange`]s (to edit messages); the poller decides through an
-//! [`ApprovalDesk`](crate::runner::ApprovalDesk). Besides those it reads approval and run rows from the store.
-//! The runner never calls into this module.
+//! It knows the engine through the ports of `runner::ports`: [`attach`] takes the
+//! engine once at start to install a [`ChatChannel`] (how human steps send their
+//! requests) and to subscribe to [`ApprovalChange`]s (to edit messages); the poller
+//! decides through an [`ApprovalDesk`](crate::runner::ApprovalDesk). Besides those
+//! it reads approval, run and `kv` rows from the store. The runner never calls into
+//! this module.
 
 use std::sync::Arc;
 
