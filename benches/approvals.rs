@@ -22,7 +22,7 @@ use vectorstep::config::Config;
 use vectorstep::executor::Executors;
 use vectorstep::pipeline::PipelineSet;
 use vectorstep::run::context::Normalised;
-use vectorstep::runner::{sweep, Created, Engine};
+use vectorstep::runner::{sweep, Created, DriveMode, Engine};
 use vectorstep::store::Store;
 
 const RUNS: usize = 10_000;
@@ -163,7 +163,7 @@ fn main() {
         // would arrive unless `--burst`.
         let wave = if burst { RUNS } else { WAVE };
         for (n, id) in ids.into_iter().enumerate() {
-            first.spawn(id, false);
+            first.spawn(id, DriveMode::New);
             if (n + 1) % wave == 0 {
                 wait_until("a wave parked", Duration::from_secs(120), || {
                     pending(&s.store) > n

@@ -14,7 +14,7 @@ use vectorstep::clock::SystemClock;
 use vectorstep::config::Config;
 use vectorstep::executor::Executors;
 use vectorstep::run::context::Normalised;
-use vectorstep::runner::{Created, Engine, RunEnd};
+use vectorstep::runner::{Created, DriveMode, Engine, RunEnd};
 use vectorstep::store::{raw_commit_probe, Store};
 
 fn pipeline_yaml(name: &str, steps: usize) -> String {
@@ -40,7 +40,7 @@ async fn run_one(engine: &Arc<Engine>, name: &str) -> String {
     else {
         panic!("run not created");
     };
-    match engine.drive(&id, false).await {
+    match engine.drive(&id, DriveMode::New).await {
         Ok(RunEnd::Finished(s)) => s,
         other => panic!("run did not finish: {other:?}"),
     }

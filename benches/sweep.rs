@@ -10,7 +10,7 @@ use std::time::Instant;
 use vectorstep::clock::SystemClock;
 use vectorstep::config::Config;
 use vectorstep::executor::Executors;
-use vectorstep::runner::{records, sweep, Engine};
+use vectorstep::runner::{records, sweep, DriveMode, Engine};
 use vectorstep::store::{RunRecord, StepRecord, Store, Write};
 
 const RUNS: usize = 10_000;
@@ -119,7 +119,7 @@ fn main() {
             in_flight
         );
         let t = Instant::now();
-        let handles: Vec<_> = resumable.into_iter().map(|r| engine.spawn(r.id, true)).collect();
+        let handles: Vec<_> = resumable.into_iter().map(|r| engine.spawn(r.id, DriveMode::Resume)).collect();
         let spawned = t.elapsed();
         for h in handles {
             h.await.expect("join").expect("drive");

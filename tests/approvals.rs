@@ -3,9 +3,8 @@
 //! records every call, so "one message", "answered" and "never re-sent" are
 //! assertions, and button presses are queued the way Telegram would hand them out.
 
-mod approvals_support;
-mod crash_support;
-mod telegram_fake;
+mod common;
+use common::{approvals_support, crash_support, telegram_fake};
 
 /// Delivery: team routes, chat failures, text Telegram refuses.
 #[path = "approvals_cases/delivery.rs"]

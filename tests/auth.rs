@@ -4,8 +4,8 @@
 //! CSRF token only; whoever decides or cancels is recorded from the credential;
 //! secrets that expand empty and open listeners on public addresses stop the start.
 
-mod crash_support;
-mod service_support;
+mod common;
+use common::{crash_support, service_support};
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};

@@ -3,7 +3,8 @@
 //! and started again on the same store. Fake peers count every request, so "never
 //! executed again" and "exactly once" are assertions.
 
-mod crash_support;
+mod common;
+use common::crash_support;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -3,18 +3,15 @@
 //! and pricing reach the run, and bad agent output fails the step with a clear
 //! error in the run log.
 
-mod support;
-
-use std::sync::Arc;
+mod common;
+use common::engine::Scratch;
+use common::support;
 
 use serde_json::{json, Value};
 use support::{completion, FakeLlm, FakeServer, Reply};
-use vectorstep::clock::SystemClock;
-use vectorstep::config::Config;
-use vectorstep::executor::Executors;
 use vectorstep::run::context::Normalised;
-use vectorstep::runner::{Created, Engine, RunEnd};
-use vectorstep::store::{EventRecord, RunRecord, StepRecord, Store};
+use vectorstep::runner::{Created, DriveMode, RunEnd};
+use vectorstep::store::{EventRecord, RunRecord, StepRecord};
 
 struct Ran {
     run: RunRecord,
@@ -24,35 +21,17 @@ struct Ran {
 
 /// Runs the only pipeline in `yaml` with a config that points agents at `llm`.
 async fn run(yaml: &str, llm_base: &str) -> Ran {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("pipelines")).unwrap();
-    std::fs::write(dir.path().join("pipelines/p.yaml"), yaml).unwrap();
-    std::fs::write(
-        dir.path().join("config.yaml"),
-        format!(
-            "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {{path: ./db.sqlite}}\n\
-             providers: {{fake: {{base_url: \"{llm_base}\", api_key: sk-test}}}}\n\
-             agents: {{triage: {{provider: fake, model: m1, system_prompt: \"You triage.\"}}}}\n\
-             pricing: {{m1: {{input_per_mtok: 2.0, output_per_mtok: 10.0}}}}\n"
-        ),
-    )
-    .unwrap();
-    let config = Arc::new(
-        Config::load(&dir.path().join("config.yaml"), true)
-            .unwrap()
-            .0,
+    let config = format!(
+        "providers: {{fake: {{base_url: \"{llm_base}\", api_key: sk-test}}}}\n\
+         agents: {{triage: {{provider: fake, model: m1, system_prompt: \"You triage.\"}}}}\n\
+         pricing: {{m1: {{input_per_mtok: 2.0, output_per_mtok: 10.0}}}}\n"
     );
-    let (set, d) = vectorstep::pipeline::load(&[dir.path().join("pipelines")], &config);
-    let set = set.unwrap_or_else(|| panic!("{d}"));
-    let pipeline = set.pipelines[0].clone();
-    let store = Store::open(&config.database_path).unwrap();
-    let engine = Engine::new(
-        config.clone(),
-        set,
-        store.clone(),
-        Executors::standard(&config),
-        Arc::new(SystemClock),
-    );
+    let Scratch {
+        engine,
+        store,
+        dir: _dir,
+    } = common::engine::engine_with_config(&[("p", yaml)], &config);
+    let pipeline = engine.pipelines().pipelines[0].clone();
     let trigger = Normalised {
         source: "test".into(),
         pipeline: Some(pipeline.name.clone()),
@@ -65,7 +44,7 @@ async fn run(yaml: &str, llm_base: &str) -> Ran {
     else {
         panic!("not created")
     };
-    let end = engine.drive(&id, false).await.unwrap();
+    let end = engine.drive(&id, DriveMode::New).await.unwrap();
     assert!(matches!(end, RunEnd::Finished(_)));
     Ran {
         run: store.run(&id).unwrap().unwrap(),

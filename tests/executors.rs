@@ -1,7 +1,8 @@
 //! The side-effecting executors against real local peers: a fake webhook target,
 //! a fake OpenAI-compatible API, real child processes.
 
-mod support;
+mod common;
+use common::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,14 +3,12 @@
 //! run, the pipeline written inline, and one `check(yaml, expected)` helper that
 //! runs it to the end and compares statuses, records and the run log.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod common;
+use common::engine::Scratch;
 
 use serde_json::{json, Value};
-use vectorstep::config::Config;
-use vectorstep::executor::Executors;
 use vectorstep::run::context::Normalised;
-use vectorstep::runner::{Created, Engine, RunEnd};
+use vectorstep::runner::{Created, DriveMode, RunEnd};
 use vectorstep::store::{EventRecord, NotificationRecord, RunRecord, StepRecord, Store};
 
 // ---------------------------------------------------------------- harness
@@ -124,33 +122,19 @@ fn dedent(text: &str) -> String {
 /// Loads `pipelines` (the first one is run) into a fresh store, triggers the first
 /// with `labels` and drives it to its end.
 async fn run_pipelines(pipelines: &[&str], labels: &[(&str, &str)]) -> Ran {
-    let dir = tempfile::tempdir().unwrap();
-    let pdir = dir.path().join("pipelines");
-    std::fs::create_dir_all(&pdir).unwrap();
-    for (i, p) in pipelines.iter().enumerate() {
-        std::fs::write(pdir.join(format!("p{i}.yaml")), dedent(p)).unwrap();
-    }
-    let cfg_path = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg_path,
-        "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {path: ./vs.db}\n",
-    )
-    .unwrap();
-    let config = Arc::new(Config::load(&cfg_path, true).expect("config loads").0);
-    let (set, diags) = vectorstep::pipeline::load(std::slice::from_ref(&pdir), &config);
-    let set = set.unwrap_or_else(|| panic!("pipelines do not load:\n{diags}"));
-    let pipeline = set
-        .get(&pipeline_name(pipelines[0]))
-        .expect("first pipeline loaded")
-        .clone();
-    let store = Store::open(&db_path(&dir)).unwrap();
-    let engine = Engine::new(
-        config.clone(),
-        set,
-        store.clone(),
-        Executors::standard(&config),
-        Arc::new(vectorstep::clock::SystemClock),
-    );
+    let files: Vec<(String, String)> = pipelines
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("p{i}"), dedent(p)))
+        .collect();
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(n, y)| (n.as_str(), y.as_str()))
+        .collect();
+    let Scratch { engine, store, dir } = common::engine::engine_with(&files);
+    let pipeline = engine
+        .pipeline(&pipeline_name(pipelines[0]))
+        .expect("first pipeline loaded");
     let trigger = Normalised {
         source: "generic".into(),
         pipeline: Some(pipeline.name.clone()),
@@ -169,7 +153,7 @@ async fn run_pipelines(pipelines: &[&str], labels: &[(&str, &str)]) -> Ran {
     else {
         panic!("run was deduplicated")
     };
-    let end = engine.drive(&id, false).await.unwrap();
+    let end = engine.drive(&id, DriveMode::New).await.unwrap();
     let run = store.run(&id).unwrap().unwrap();
     assert_eq!(end, RunEnd::Finished(run.status.clone()));
     Ran {
@@ -181,10 +165,6 @@ async fn run_pipelines(pipelines: &[&str], labels: &[(&str, &str)]) -> Ran {
         store,
         _dir: dir,
     }
-}
-
-fn db_path(dir: &tempfile::TempDir) -> PathBuf {
-    dir.path().join("vs.db")
 }
 
 fn pipeline_name(yaml: &str) -> String {

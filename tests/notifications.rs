@@ -5,9 +5,8 @@
 //! until `notifications.max_age_seconds` has passed and `notification_failed` is
 //! logged once.
 
-mod approvals_support;
-mod crash_support;
-mod telegram_fake;
+mod common;
+use common::{approvals_support, crash_support, telegram_fake};
 
 use std::time::{Duration, Instant};
 

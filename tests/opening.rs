@@ -4,10 +4,11 @@
 //! once with attempt 1, and a cancel arriving before the driver starts takes effect
 //! at the boundary after that step, like a cancel during any other step.
 
-mod engine_support;
+mod common;
+use common::engine_support;
 
 use engine_support::{create, engine_with};
-use vectorstep::runner::{Created, RunEnd};
+use vectorstep::runner::{Created, DriveMode, RunEnd};
 use vectorstep::store::Store;
 
 const TWO_STEPS: &str = concat!(
@@ -57,7 +58,7 @@ async fn the_first_step_is_recorded_with_the_run_and_runs_once() {
     );
     assert_eq!(event_names(store, &id), ["run_started", "step_started"]);
 
-    let end = engine.drive(&id, false).await.expect("drive");
+    let end = engine.drive(&id, DriveMode::New).await.expect("drive");
     assert_eq!(end, RunEnd::Finished("completed".into()));
     let names = event_names(store, &id);
     let started: Vec<_> = names.iter().filter(|n| *n == "step_started").collect();
@@ -92,7 +93,7 @@ async fn a_deduplicated_run_and_a_guarded_first_step_record_no_step() {
         panic!("deduplicated")
     };
     assert!(store.steps(&guarded).expect("steps").is_empty());
-    let end = engine.drive(&guarded, false).await.expect("drive");
+    let end = engine.drive(&guarded, DriveMode::New).await.expect("drive");
     assert_eq!(end, RunEnd::Finished("completed".into()));
     assert_eq!(store.steps(&guarded).expect("steps")[0].status, "skipped");
 }
@@ -105,7 +106,7 @@ async fn a_cancel_before_the_driver_starts_stops_after_the_recorded_step() {
         panic!("deduplicated")
     };
     engine.cancel(&id);
-    let end = engine.drive(&id, false).await.expect("drive");
+    let end = engine.drive(&id, DriveMode::New).await.expect("drive");
     assert_eq!(end, RunEnd::Finished("cancelled".into()));
     let steps = store.steps(&id).expect("steps");
     assert_eq!(

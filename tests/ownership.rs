@@ -5,7 +5,8 @@
 //! not its siblings. Fake peers count every request, so "exactly once" and "never"
 //! are assertions.
 
-mod crash_support;
+mod common;
+use common::crash_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};

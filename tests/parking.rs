@@ -4,12 +4,13 @@
 //! The end-to-end side (real binary, page, cancel, bulk decisions) is in
 //! `tests/approvals_cases/parking.rs`.
 
-mod engine_support;
+mod common;
+use common::engine_support;
 
 use std::time::{Duration, Instant};
 
 use engine_support::Scratch;
-use vectorstep::runner::{Created, RunEnd};
+use vectorstep::runner::{Created, DriveMode, RunEnd};
 use vectorstep::store::{Outcome, Store};
 
 const GATE: &str = concat!(
@@ -42,7 +43,7 @@ async fn create(s: &Scratch, pipeline: &str) -> String {
 /// A new `gate` run driven until it parks; its id and approval token.
 async fn parked_run(s: &Scratch) -> (String, String) {
     let id = create(s, "gate").await;
-    let end = s.engine.drive(&id, false).await.expect("drive");
+    let end = s.engine.drive(&id, DriveMode::New).await.expect("drive");
     assert_eq!(end, RunEnd::Parked);
     let token = s.store.approvals_of_run(&id).expect("approvals")[0]
         .token
@@ -97,7 +98,7 @@ async fn a_human_step_with_retry_waits_in_its_task() {
     let id = create(&s, "retried").await;
     let driver = {
         let (engine, id) = (s.engine.clone(), id.clone());
-        tokio::spawn(async move { engine.drive(&id, false).await })
+        tokio::spawn(async move { engine.drive(&id, DriveMode::New).await })
     };
     until("the approval is requested", || {
         s.store

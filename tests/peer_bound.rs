@@ -3,8 +3,8 @@
 //! `concurrency.max_connections_per_host`. The peer is a bare HTTP/1.1 server on
 //! 127.0.0.1 that counts the connections open at any moment.
 
-mod crash_support;
-mod service_support;
+mod common;
+use common::service_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,8 @@
 //! source `scheduler`, and a schedule missed while the service was down fires once
 //! at start, not once per missed tick.
 
-mod crash_support;
+mod common;
+use common::crash_support;
 
 use std::time::{Duration, Instant};
 

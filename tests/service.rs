@@ -8,8 +8,8 @@
 //! Runs use the `mock` executor, with a `delay_ms` where a test needs a run to be
 //! observably in flight. The only waits are bounded polls of the service.
 
-mod crash_support;
-mod service_support;
+mod common;
+use common::{crash_support, service_support};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

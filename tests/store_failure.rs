@@ -3,7 +3,8 @@
 //! `vectorstep serve`. Runs in flight when the store fails must complete once it
 //! recovers, without a restart; `/readyz` and intake answer 503 while it cannot write.
 
-mod crash_support;
+mod common;
+use common::crash_support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

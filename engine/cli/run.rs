@@ -78,6 +78,8 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
         let pipeline = set.get(&name).cloned().ok_or_else(|| anyhow::anyhow!("pipeline `{name}` vanished"))?;
         let engine = Engine::new(config.clone(), set, store.clone(), Executors::standard(&config), Arc::new(SystemClock));
         engine.set_owner(&owner);
+        // Human steps send through Telegram and its messages show decisions.
+        vectorstep::telegram::attach(&engine);
         // Installed before the run starts: from here on SIGINT and SIGTERM cancel it.
         let signals = Signals::install()?;
         let run_id = match engine.create_run(&pipeline, &trigger, &payload, None, None).await? {
@@ -197,7 +199,7 @@ async fn drive_until_signal(
     mut signals: Signals,
     grace: Duration,
 ) -> anyhow::Result<RunEnd> {
-    let drive = engine.drive(run_id, false);
+    let drive = engine.drive(run_id, vectorstep::runner::DriveMode::New);
     tokio::pin!(drive);
     let first = tokio::select! {
         end = &mut drive => return Ok(end?),

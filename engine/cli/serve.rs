@@ -48,6 +48,8 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         let engine = Engine::new(config.clone(), set, store, Executors::standard(&config), Arc::new(SystemClock));
         // Runs waiting for a human hold no task here (runner::park).
         engine.enable_parking();
+        // Human steps send through Telegram and its messages show decisions.
+        vectorstep::telegram::attach(&engine);
         let state = AppState::new(engine.clone(), Some(metrics));
         let addr = format!("{}:{}", config.server.host, config.server.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("cannot listen on {addr}"))?;
@@ -83,7 +85,7 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         let scheduler = tokio::spawn(vectorstep::runner::schedule::run(engine.clone()));
         // After the sweep, so a press for a run that was just interrupted is answered
         // "already decided" instead of deciding it. Stops by itself when shutdown begins.
-        let poller = telegram.map(|client| tokio::spawn(vectorstep::telegram::poller::run(engine.clone(), client)));
+        let poller = telegram.map(|client| tokio::spawn(vectorstep::telegram::poller::run(engine.approval_desk(), client)));
         let retention = tokio::spawn(vectorstep::runner::retention::run(engine.clone()));
         state.ready.store(true, Ordering::SeqCst);
         tracing::info!("Ready.");

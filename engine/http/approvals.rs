@@ -21,7 +21,7 @@ use crate::store::Outcome;
 /// accepted it.
 fn approval_json(a: &crate::store::ApprovalRecord) -> Value {
     let delivered_at = a.delivery_json.as_deref().map(|j| {
-        crate::telegram::Delivery::parse(j)
+        crate::runner::ApprovalDelivery::parse(j)
             .and_then(|d| d.delivered_at)
             // Recorded by an older version, which did not keep the time: the
             // request was delivered at some point after it was created.

@@ -52,7 +52,9 @@ pub(super) async fn finish(
     rs.commit(writes).await?;
     if status != "completed" {
         // Chat messages of the approvals just closed say so (in the background).
-        crate::telegram::announce_closed(&rs.engine, rs.id());
+        rs.engine.publish(super::ApprovalChange::Closed {
+            run_id: rs.id().to_string(),
+        });
     }
     crate::telemetry::run_finished(&rs.pipeline.name, status);
     tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status, "Run finished.");

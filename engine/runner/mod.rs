@@ -32,12 +32,18 @@ mod human;
 pub mod outbox;
 mod park;
 mod persist;
+pub mod ports;
 pub mod records;
 pub mod retention;
 pub mod schedule;
+mod signals;
 mod step;
 mod subpipeline;
 pub mod sweep;
+
+pub use ports::{ApprovalChange, ApprovalDelivery, ApprovalDesk, ChatChannel};
+#[doc(hidden)]
+pub use signals::RetainedSizes;
 
 /// Why the runner could not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -70,16 +76,6 @@ impl Admission {
     }
 }
 
-impl DriveMode {
-    fn of(resume: bool) -> DriveMode {
-        if resume {
-            DriveMode::Resume
-        } else {
-            DriveMode::New
-        }
-    }
-}
-
 impl Drop for Admission {
     fn drop(&mut self) {
         if let Some(e) = self.engine.take() {
@@ -100,14 +96,16 @@ pub enum RunEnd {
     Parked,
 }
 
-/// Why a run is being driven.
+/// Why a run is being driven (see [`Engine::drive`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DriveMode {
+pub enum DriveMode {
     /// Just created by `create_run`: no records yet.
     New,
-    /// Picked up by the startup sweep: `run_resumed` is logged.
+    /// Picked up by the startup sweep: its records are read and `run_resumed` is
+    /// logged.
     Resume,
-    /// Its parked approval was decided, timed out or the run was cancelled.
+    /// Its parked approval was decided, timed out or the run was cancelled. The
+    /// engine drives parked runs itself; callers use `New` or `Resume`.
     Unpark,
 }
 
@@ -153,14 +151,15 @@ pub struct Engine {
     pub http: reqwest::Client,
     pub clock: Arc<dyn Clock>,
     shutdown: tokio::sync::watch::Sender<bool>,
-    /// Runs asked to stop, with who asked (when known).
-    cancelled: Mutex<std::collections::HashMap<String, Option<String>>>,
     active: AtomicUsize,
     idle: tokio::sync::Notify,
-    approval_signals: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Notify>>>,
-    /// Approval tokens whose outcome a human step in this process has already used
-    /// (see `human`): a retry or the next loop iteration asks afresh instead.
-    approvals_used: Mutex<HashSet<String>>,
+    /// Cancellations, approval wake-ups and used approvals of the runs in progress,
+    /// dropped when a run's driver ends (see `signals`).
+    signals: signals::RunSignals,
+    /// Subscribers of approval changes (see `ports`).
+    changes: ports::Changes,
+    /// The chat human steps deliver requests through, installed at start (`ports`).
+    chat: std::sync::OnceLock<Arc<dyn ChatChannel>>,
     /// Notification ids being sent right now, so two deliverers never send one twice.
     pub(crate) delivering: Mutex<HashSet<String>>,
     /// Set by `outbox::start_retries` (`serve`): a failed delivery stays pending and
@@ -209,11 +208,11 @@ impl Engine {
                 .unwrap_or_default(),
             clock,
             shutdown,
-            cancelled: Mutex::new(Default::default()),
             active: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
-            approval_signals: Mutex::new(std::collections::HashMap::new()),
-            approvals_used: Mutex::new(HashSet::new()),
+            signals: signals::RunSignals::default(),
+            changes: ports::Changes::default(),
+            chat: std::sync::OnceLock::new(),
             delivering: Mutex::new(HashSet::new()),
             outbox_retrying: std::sync::atomic::AtomicBool::new(false),
             fresh: Mutex::new(std::collections::HashMap::new()),
@@ -397,16 +396,16 @@ impl Engine {
         }
     }
 
-    /// Drives `run_id` until it ends or shutdown drains it. `resume` marks a run
-    /// picked up by the startup sweep (its records are read and `run_resumed` is
-    /// logged); `false` is only for a run just created, which has no records yet.
+    /// Drives `run_id` until it ends or shutdown drains it. [`DriveMode::Resume`]
+    /// is for a run picked up by the startup sweep; [`DriveMode::New`] only for a
+    /// run just created, which has no records yet.
     pub fn drive<'a>(
         self: &'a Arc<Self>,
         run_id: &'a str,
-        resume: bool,
+        mode: DriveMode,
     ) -> crate::executor::BoxFuture<'a, Result<RunEnd, Error>> {
         self.active.fetch_add(1, Ordering::SeqCst);
-        self.drive_counted(run_id, DriveMode::of(resume), None)
+        self.drive_counted(run_id, mode, None)
     }
 
     /// Drives a run already counted in `active` (by `drive` or an [`Admission`]).
@@ -439,6 +438,11 @@ impl Engine {
                     tracing::warn!(run_id = %run_id, error = %e, "Run driver stopped during shutdown with the store unwritable; the run stays running and resumes on the next start.");
                 }
             }
+            if !matches!(result, Ok(RunEnd::Parked)) {
+                // Nothing in this process asks about the run again until a new drive
+                // starts it afresh; a parked run keeps its state for that drive.
+                self.signals.forget_run(run_id);
+            }
             self.release_slot();
             result
         })
@@ -467,17 +471,13 @@ impl Engine {
     pub fn spawn(
         self: &Arc<Self>,
         run_id: String,
-        resume: bool,
+        mode: DriveMode,
     ) -> tokio::task::JoinHandle<Result<RunEnd, Error>> {
         // Counted before the task starts, so the concurrency cap and the drain
         // never see a gap between acceptance and the run being driven.
         self.active.fetch_add(1, Ordering::SeqCst);
         let engine = self.clone();
-        tokio::spawn(async move {
-            engine
-                .drive_counted(&run_id, DriveMode::of(resume), None)
-                .await
-        })
+        tokio::spawn(async move { engine.drive_counted(&run_id, mode, None).await })
     }
 
     /// Starts resuming a run as part of a start-up wave (see `sweep::resume_all`).
@@ -523,32 +523,33 @@ impl Engine {
     /// Asks a run to stop at its next step boundary, recording who asked in its
     /// `run_cancelled` event.
     pub fn cancel_by(self: &Arc<Self>, run_id: &str, by: Option<&str>) {
-        if let Ok(mut c) = self.cancelled.lock() {
-            c.insert(run_id.to_string(), by.map(str::to_string));
-        }
+        self.signals.cancel(run_id, by);
         tracing::info!(run_id = %run_id, by = by.unwrap_or(""), "Cancel requested.");
         // A run parked on an approval stops now rather than at its next poll.
         if let Ok(list) = self.store.approvals_of_run(run_id) {
             for a in list.iter().filter(|a| a.status == "pending") {
-                self.approval_signal(&a.token).notify_waiters();
+                if let Some(signal) = self.existing_approval_signal(&a.token) {
+                    signal.notify_waiters();
+                }
             }
         }
         self.unpark_run(run_id);
     }
 
     pub fn is_cancelled(&self, run_id: &str) -> bool {
-        self.cancelled
-            .lock()
-            .map(|c| c.contains_key(run_id))
-            .unwrap_or(false)
+        self.signals.is_cancelled(run_id)
     }
 
     /// Who cancelled `run_id`, if it was cancelled by someone known.
     pub fn cancelled_by(&self, run_id: &str) -> Option<String> {
-        self.cancelled
-            .lock()
-            .ok()
-            .and_then(|c| c.get(run_id).cloned().flatten())
+        self.signals.cancelled_by(run_id)
+    }
+
+    /// How many per-run entries (cancellations, approval wake-ups, used approvals)
+    /// the engine holds; all zero once no run is in progress. For tests.
+    #[doc(hidden)]
+    pub fn retained_sizes(&self) -> RetainedSizes {
+        self.signals.sizes()
     }
 
     /// Stops starting new steps; steps in flight finish and are recorded.
@@ -582,24 +583,15 @@ impl Engine {
         self.shutdown.subscribe()
     }
 
-    /// The wake-up for waiters on an approval token.
-    pub fn approval_signal(&self, token: &str) -> Arc<tokio::sync::Notify> {
-        let mut map = match self.approval_signals.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
-        map.entry(token.to_string())
-            .or_insert_with(|| Arc::new(tokio::sync::Notify::new()))
-            .clone()
+    /// The wake-up for waiters on `token`, an approval of `run_id`; kept until the
+    /// run's driver ends.
+    pub(crate) fn approval_signal(&self, run_id: &str, token: &str) -> Arc<tokio::sync::Notify> {
+        self.signals.approval(run_id, token)
     }
 
     /// The signal of `token` if something (a wait, a delivery) listens on it.
     fn existing_approval_signal(&self, token: &str) -> Option<Arc<tokio::sync::Notify>> {
-        let map = match self.approval_signals.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
-        map.get(token).cloned()
+        self.signals.existing_approval(token)
     }
 
     /// Decides a pending approval; the first decision wins.
@@ -670,13 +662,15 @@ impl Engine {
                 "Approval {status} by {by}.");
             crate::telemetry::approval_decided(&a.pipeline_name, status);
             self.refresh_approvals_gauge();
-            if !self.unpark(token) {
-                self.approval_signal(token).notify_waiters();
-            } else if let Some(delivery) = self.existing_approval_signal(token) {
-                // The run was parked; a delivery still retrying stops now.
-                delivery.notify_waiters();
+            // A wait in a task wakes at once; for a parked run, a delivery still
+            // retrying stops now. Nobody listening means nothing to wake.
+            self.unpark(token);
+            if let Some(signal) = self.existing_approval_signal(token) {
+                signal.notify_waiters();
             }
-            crate::telegram::announce_decided(self, token);
+            self.publish(ApprovalChange::Decided {
+                token: token.to_string(),
+            });
         }
         Ok(outcome)
     }

@@ -65,7 +65,7 @@ async fn fire(engine: &Arc<Engine>, p: &Pipeline) {
     {
         Ok(Created::Inserted(id)) => {
             tracing::info!(run_id = %id, pipeline = %p.name, "Scheduled run started.");
-            engine.spawn(id, false);
+            engine.spawn(id, super::DriveMode::New);
         }
         Ok(Created::Duplicate { .. }) => {}
         Err(e) => tracing::error!(pipeline = %p.name, error = %e, "Scheduled run could not start."),

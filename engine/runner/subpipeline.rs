@@ -61,7 +61,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
             let id = match created {
                 Created::Inserted(id) | Created::Duplicate { run_id: id, .. } => id,
             };
-            let handle = engine.spawn(id.clone(), false);
+            let handle = engine.spawn(id.clone(), super::DriveMode::New);
             let driven = async {
                 match handle.await {
                     Ok(Ok(RunEnd::Finished(_))) => Ok(id.clone()),

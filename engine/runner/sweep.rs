@@ -312,7 +312,7 @@ async fn settle(
     }
     for id in &interrupted {
         // Chat messages of the approvals just closed say so (in the background).
-        crate::telegram::announce_closed(engine, id);
+        engine.publish(super::ApprovalChange::Closed { run_id: id.clone() });
     }
     if !resume.is_empty() {
         tracing::warn!(

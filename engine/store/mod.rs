@@ -1,11 +1,60 @@
 //! Durable state: runs, steps, the run log, approvals, the notification outbox and a
 //! small key-value table, in one SQLite file.
 //!
-//! This is the only module that imports rusqlite. Writes go through [`Store::commit`]
-//! (or [`Store::commit_blocking`]), which returns only once the batch is durable; one
-//! writer thread owns the only write connection and group-commits concurrent batches.
-//! Reads are synchronous and use separate read-only connections, so they never wait
-//! for the writer and also work while another process (the running server) writes.
+//! This is the only module that imports rusqlite. [`Store`] is a concrete SQLite
+//! type; what follows is the contract its callers rely on, which another backend
+//! would have to keep.
+//!
+//! # Writes: batches of [`Write`], one [`Outcome`] each
+//!
+//! Every change is a [`Write`] value (insert a run, upsert a step record, append a
+//! log event, decide an approval, ...), and [`Store::commit`] applies a batch of
+//! them:
+//! - **Atomic.** The batch commits as one transaction: all of it or none of it. If
+//!   one write fails, the error names it and nothing of the batch is applied; other
+//!   callers' batches are unaffected. The engine relies on this to commit a unit's
+//!   result together with what follows from it (the run's terminal status, its log
+//!   line, the notifications it owes).
+//! - **Durable on return.** `commit` returns only once the batch is on disk; a
+//!   process killed right after can rely on it, one killed before cannot have
+//!   applied part of it. Dropping the future does not cancel a submitted batch.
+//! - **One answer per write.** Conditional writes say what happened in their
+//!   [`Outcome`] rather than failing: `DuplicateRunning`/`DuplicateRecent` for a
+//!   deduplicated run, `ApprovalDecided`/`ApprovalAlreadyDecided`/`ApprovalUnknown`
+//!   for a decision (the first decision wins), `NotRunning` for a `FinishRun` of a
+//!   run already finished, and the `...IfInserted` writes apply
+//!   only when the batch's run insert won. The batch is still committed.
+//! - **Ordered.** One writer thread owns the only write connection and applies
+//!   batches in the order they were submitted, group-committing concurrent ones.
+//!
+//! A failed commit is an [`Error`]; [`Error::is_retriable`] says whether the same
+//! batch may succeed later (busy, full disk, I/O, the file replaced under the
+//! process) or never will (a constraint, a corrupt row, a closed store). A caller
+//! that waits out a retriable failure uses [`Store::commit_or_return`], which hands
+//! the uncommitted writes back in a [`Rejected`] so the very same batch can be
+//! submitted again without keeping a copy. Meanwhile [`Store::unwritable`] says why
+//! writes fail (see `health`: the writer probes the file every second and clears
+//! the mark on the first commit that succeeds), so intake can answer 503 and runs
+//! can wait instead of failing. Synchronous code (the CLI, tests) uses
+//! [`Store::commit_blocking`].
+//!
+//! # Reads
+//!
+//! Reads are plain synchronous methods returning records (`run`, `steps`, `events`,
+//! `approval`, `approvals_of_run`, `runs`, `pending_notifications`, `kv`, ...). They
+//! use a pool of read-only connections, never wait for the writer, and also work
+//! while another process (the running server) writes. A read sees every batch
+//! whose `commit` has returned.
+//!
+//! The rule for reads from async code: **call a read directly only when its cost is
+//! bounded by one run or by the pending rows** (a row by its key, the rows of one
+//! run, the runs still running, the approvals and notifications still pending,
+//! which the engine keeps bounded by deciding, closing and delivering them); **a read
+//! whose cost grows with history (`runs` with a filter, `find_duplicate`, a run's
+//! whole log for the API) goes inside `tokio::task::spawn_blocking`**. The HTTP
+//! handlers do so; the runner reads only rows of the run it drives, and its
+//! background tasks (start-up sweep, outbox retries, the park timer) read only
+//! pending or running rows.
 //!
 //! Map: `writer` (the write path and [`Write`]/[`Outcome`]), `health` (whether the
 //! store can write, whether its path still names the open file), `migrations`

@@ -1,133 +1,155 @@
 //! Telegram: approval messages with Approve / Reject buttons, the update loop that
 //! turns presses into decisions, and the edits that show a decision (or why an
-//! approval closed) in the chat. The only module that imports teloxide; it knows
-//! the engine only through `Engine::decide_approval` and the store.
+//! approval closed) in the chat. The only module that imports teloxide.
+//!
+//! It knows the engine through the ports of `runner::ports`: [`attach`] takes the
+//! engine once at start to install a [`ChatChannel`] (how human steps send their
+//! requests) and to subscribe to [`ApprovalChange`]s (to edit messages); the poller
+//! decides through an [`ApprovalDesk`](crate::runner::ApprovalDesk). Besides those
+//! it reads approval, run and `kv` rows from the store. The runner never calls into
+//! this module.
 
-use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
-use crate::runner::Engine;
-use crate::store::ApprovalRecord;
+use crate::executor::BoxFuture;
+use crate::runner::{ApprovalChange, ApprovalDelivery, ChatChannel, Engine};
+use crate::store::{ApprovalRecord, Store};
 
 mod client;
 pub mod poller;
 
 pub use client::{Client, Error, Press, Sent};
 
-/// Where an approval request was delivered: the `delivery_json` of its row.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Delivery {
-    /// `telegram` or `webhook`.
-    pub channel: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chat_id: Option<i64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub message_id: Option<i32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    /// When the channel accepted the request (unix ms); `GET /approvals` shows it.
-    /// Rows recorded by older versions lack it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delivered_at: Option<i64>,
-}
-
-impl Delivery {
-    pub fn telegram(sent: Sent) -> Delivery {
-        Delivery {
-            channel: "telegram".into(),
-            chat_id: Some(sent.chat_id),
-            message_id: Some(sent.message_id),
-            url: None,
-            delivered_at: None,
-        }
-    }
-
-    pub fn parse(json: &str) -> Option<Delivery> {
-        serde_json::from_str(json).ok()
-    }
-
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| "{}".into())
-    }
-
-    /// The chat and message, when this names a Telegram message.
-    pub fn telegram_message(&self) -> Option<(i64, i32)> {
-        match (self.channel.as_str(), self.chat_id, self.message_id) {
-            ("telegram", Some(c), Some(m)) => Some((c, m)),
-            _ => None,
-        }
-    }
-}
-
-/// Shows the outcome of a decided approval in its Telegram message, if it has one.
-/// Returns at once; the edit happens in the background and a failure is only
-/// logged, because the decision itself is already recorded.
-pub fn announce_decided(engine: &Engine, token: &str) {
-    if engine.config.telegram.is_none() {
+/// Connects `engine` to Telegram when `notifications.telegram` is configured:
+/// human steps send their requests through it, and a background task edits each
+/// message once its approval is decided or closed. Call inside the runtime, before
+/// runs start. Decisions by button press need [`poller::run`] as well (`serve`).
+pub fn attach(engine: &Arc<Engine>) {
+    let Some(cfg) = engine.config.telegram.clone() else {
         return;
-    }
-    match engine.store.approval(token) {
-        Ok(Some(a)) => announce(engine, a),
-        Ok(None) => {}
-        Err(e) => {
-            tracing::warn!(error = %e, "Cannot read an approval to update its Telegram message.")
-        }
+    };
+    let chat = Chat {
+        cfg: cfg.clone(),
+        http: engine.http.clone(),
+    };
+    engine.set_chat_channel(Arc::new(chat));
+    let changes = engine.approval_changes();
+    let announcer = Announcer {
+        store: engine.store.clone(),
+        cfg,
+        http: engine.http.clone(),
+    };
+    tokio::spawn(announcer.run(changes));
+}
+
+/// Where a sent request is recorded.
+pub fn delivery_of(sent: Sent) -> ApprovalDelivery {
+    ApprovalDelivery::telegram(sent.chat_id, sent.message_id)
+}
+
+/// The [`ChatChannel`] human steps send through. A client is built per request,
+/// as before the ports existed, so a bad `api_url` fails (and retries) each send
+/// instead of the start of a one-shot run.
+struct Chat {
+    cfg: crate::config::Telegram,
+    http: reqwest::Client,
+}
+
+impl ChatChannel for Chat {
+    fn send_approval<'a>(
+        &'a self,
+        chat: &'a str,
+        message: &'a str,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<ApprovalDelivery, String>> {
+        Box::pin(async move {
+            let client = Client::new(&self.cfg, self.http.clone()).map_err(|e| e.to_string())?;
+            let sent = client
+                .send_approval(chat, message, token)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(delivery_of(sent))
+        })
     }
 }
 
-/// Edits the Telegram messages of the approvals a finished run closed, saying why.
-/// Called right after the run's terminal status is committed.
-pub fn announce_closed(engine: &Engine, run_id: &str) {
-    if engine.config.telegram.is_none() {
-        return;
-    }
-    match engine.store.approvals_of_run(run_id) {
-        Ok(list) => list
-            .into_iter()
-            .filter(|a| a.status == "closed")
-            .for_each(|a| announce(engine, a)),
-        Err(e) => {
-            tracing::warn!(run_id, error = %e, "Cannot read approvals to update their Telegram messages.")
-        }
-    }
+/// Edits messages as approvals change.
+struct Announcer {
+    store: Store,
+    cfg: crate::config::Telegram,
+    http: reqwest::Client,
 }
 
-fn announce(engine: &Engine, a: ApprovalRecord) {
-    let Some((chat_id, message_id)) = a
-        .delivery_json
-        .as_deref()
-        .and_then(Delivery::parse)
-        .and_then(|d| d.telegram_message())
-    else {
-        return;
-    };
-    let (Some(cfg), Ok(rt)) = (
-        engine.config.telegram.as_ref(),
-        tokio::runtime::Handle::try_current(),
-    ) else {
-        return;
-    };
-    let run_status = if a.status == "closed" {
-        engine.store.run(&a.run_id).ok().flatten().map(|r| r.status)
-    } else {
-        None
-    };
-    let Some(line) = outcome_line(&a, run_status.as_deref()) else {
-        return;
-    };
-    let client = match Client::new(cfg, engine.http.clone()) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "Cannot update the Telegram approval message.");
+impl Announcer {
+    /// Until the engine goes away. Each edit runs on its own task: a slow Bot API
+    /// must not hold up the next change, and a failed edit is only logged because
+    /// the decision itself is already recorded.
+    async fn run(self, mut changes: tokio::sync::mpsc::UnboundedReceiver<ApprovalChange>) {
+        while let Some(change) = changes.recv().await {
+            match change {
+                ApprovalChange::Requested { .. } => {}
+                ApprovalChange::Decided { token } => self.decided(&token),
+                ApprovalChange::Closed { run_id } => self.closed(&run_id),
+            }
+        }
+    }
+
+    /// Shows the outcome of a decided approval in its Telegram message, if it has one.
+    fn decided(&self, token: &str) {
+        match self.store.approval(token) {
+            Ok(Some(a)) => self.announce(a),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot read an approval to update its Telegram message.")
+            }
+        }
+    }
+
+    /// Edits the Telegram messages of the approvals a finished run closed, saying why.
+    fn closed(&self, run_id: &str) {
+        match self.store.approvals_of_run(run_id) {
+            Ok(list) => list
+                .into_iter()
+                .filter(|a| a.status == "closed")
+                .for_each(|a| self.announce(a)),
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "Cannot read approvals to update their Telegram messages.")
+            }
+        }
+    }
+
+    fn announce(&self, a: ApprovalRecord) {
+        let Some((chat_id, message_id)) = a
+            .delivery_json
+            .as_deref()
+            .and_then(ApprovalDelivery::parse)
+            .and_then(|d| d.telegram_message())
+        else {
             return;
-        }
-    };
-    let html = format!("{}\n\n{}", a.message, escape_html(&line));
-    let plain = format!("{}\n\n{line}", a.message);
-    rt.spawn(async move {
-        if let Err(e) = client.edit_text(chat_id, message_id, &html, &plain).await {
-            tracing::warn!(run_id = %a.run_id, step = %a.step_path, error = %e, "Cannot update the Telegram approval message.");
-        }
-    });
+        };
+        let run_status = if a.status == "closed" {
+            self.store.run(&a.run_id).ok().flatten().map(|r| r.status)
+        } else {
+            None
+        };
+        let Some(line) = outcome_line(&a, run_status.as_deref()) else {
+            return;
+        };
+        let client = match Client::new(&self.cfg, self.http.clone()) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot update the Telegram approval message.");
+                return;
+            }
+        };
+        let html = format!("{}\n\n{}", a.message, escape_html(&line));
+        let plain = format!("{}\n\n{line}", a.message);
+        tokio::spawn(async move {
+            if let Err(e) = client.edit_text(chat_id, message_id, &html, &plain).await {
+                tracing::warn!(run_id = %a.run_id, step = %a.step_path, error = %e, "Cannot update the Telegram approval message.");
+            }
+        });
+    }
 }
 
 /// The line appended to the message once the approval is no longer pending.

@@ -3,13 +3,11 @@
 //! service was down is applied at the next start, and a press is never applied
 //! twice in a way that matters (a repeated decision is answered "already decided").
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::client::{Client, Press};
-use super::Delivery;
 use crate::config::Config;
-use crate::runner::Engine;
+use crate::runner::{ApprovalDelivery, ApprovalDesk, Decider};
 use crate::store::{ApprovalRecord, Outcome, Write};
 
 /// The `kv` key holding the next update id to ask for.
@@ -23,9 +21,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// Polls until shutdown begins. Never returns early on an error: a failing Bot API
 /// is retried with backoff, because approvals depend on this loop.
-pub async fn run(engine: Arc<Engine>, client: Client) {
-    let mut stop = engine.shutdown_signal();
-    let mut offset = load_offset(&engine);
+pub async fn run(desk: ApprovalDesk, client: Client) {
+    let mut stop = desk.shutdown_signal();
+    let mut offset = load_offset(&desk);
     let mut backoff = FIRST_BACKOFF;
     tracing::info!(offset, "Polling Telegram for approval button presses.");
     loop {
@@ -55,7 +53,7 @@ pub async fn run(engine: Arc<Engine>, client: Client) {
         let mut next = offset.unwrap_or(0);
         for (id, press) in updates {
             if let Some(p) = press {
-                handle(&engine, &client, p).await;
+                handle(&desk, &client, p).await;
             }
             next = next.max((i64::from(id) + 1).min(i64::from(i32::MAX)) as i32);
         }
@@ -64,7 +62,7 @@ pub async fn run(engine: Arc<Engine>, client: Client) {
             key: OFFSET_KEY.into(),
             value: next.to_string(),
         };
-        if let Err(e) = engine.store.commit(vec![write]).await {
+        if let Err(e) = desk.store().commit(vec![write]).await {
             // The offset stays advanced in memory; after a restart the batch comes
             // again and each decision is answered "already decided".
             tracing::warn!(error = %e, "Cannot store the Telegram update offset.");
@@ -72,8 +70,8 @@ pub async fn run(engine: Arc<Engine>, client: Client) {
     }
 }
 
-fn load_offset(engine: &Engine) -> Option<i32> {
-    match engine.store.kv(OFFSET_KEY) {
+fn load_offset(desk: &ApprovalDesk) -> Option<i32> {
+    match desk.store().kv(OFFSET_KEY) {
         Ok(v) => v.and_then(|s| s.parse().ok()),
         Err(e) => {
             tracing::warn!(error = %e, "Cannot read the Telegram update offset; starting from Telegram's.");
@@ -100,7 +98,7 @@ pub fn authorise(config: &Config, press: &Press, a: &ApprovalRecord) -> Result<(
     let delivered = a
         .delivery_json
         .as_deref()
-        .and_then(Delivery::parse)
+        .and_then(ApprovalDelivery::parse)
         .and_then(|d| d.telegram_message());
     let chat_ok = press.chat_id.is_some_and(|chat| {
         delivered.is_some_and(|(c, _)| c == chat) || configured_chats(config).any(|c| c == chat)
@@ -135,8 +133,8 @@ fn configured_chats(config: &Config) -> impl Iterator<Item = i64> + '_ {
         .filter_map(|c| c.trim().parse().ok())
 }
 
-async fn handle(engine: &Arc<Engine>, client: &Client, press: Press) {
-    let answer = decide(engine, &press).await;
+async fn handle(desk: &ApprovalDesk, client: &Client, press: Press) {
+    let answer = decide(desk, &press).await;
     // Answered in the background: a slow answer must not hold up the next press.
     let client = client.clone();
     tokio::spawn(async move {
@@ -148,11 +146,11 @@ async fn handle(engine: &Arc<Engine>, client: &Client, press: Press) {
     });
 }
 
-async fn decide(engine: &Arc<Engine>, press: &Press) -> &'static str {
+async fn decide(desk: &ApprovalDesk, press: &Press) -> &'static str {
     let Some((approve, token)) = press.data.as_deref().and_then(parse_data) else {
         return "This button is not a vectorstep approval.";
     };
-    let a = match engine.store.approval(token) {
+    let a = match desk.store().approval(token) {
         Ok(Some(a)) => a,
         Ok(None) => return "Unknown or expired approval.",
         Err(e) => {
@@ -160,13 +158,18 @@ async fn decide(engine: &Arc<Engine>, press: &Press) -> &'static str {
             return "Could not record the decision; please try again.";
         }
     };
-    if let Err(why) = authorise(&engine.config, press, &a) {
+    if let Err(why) = authorise(desk.config(), press, &a) {
         tracing::warn!(run_id = %a.run_id, step = %a.step_path, user_id = press.user_id, user = %press.user_name,
             chat_id = ?press.chat_id, "Refused a Telegram approval press: {why}");
         return why;
     }
     let by = format!("{} (Telegram {})", press.user_name, press.user_id);
-    match engine.decide_approval(token, approve, &by).await {
+    let decider = Decider {
+        by,
+        via: None,
+        client: None,
+    };
+    match desk.decide(token, approve, &decider).await {
         Ok(Outcome::ApprovalDecided) if approve => "Approved",
         Ok(Outcome::ApprovalDecided) => "Rejected",
         Ok(Outcome::ApprovalAlreadyDecided { .. }) => "Already decided.",

@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::super::Engine;
+use super::super::{ApprovalChange, ApprovalDelivery, Engine};
 use crate::config::Config;
 use crate::store::{ApprovalRecord, Write};
-use crate::telegram::{self, Delivery};
 
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -93,13 +92,20 @@ pub fn spawn(engine: &Arc<Engine>, a: ApprovalRecord) {
     if route == Route::Page {
         return;
     }
+    // Taken here, while the run's driver is in progress, so the entry is dropped
+    // with the run's other state when the run ends (see `signals`).
+    let signal = engine.approval_signal(&a.run_id, &a.token);
     let engine = engine.clone();
-    tokio::spawn(async move { deliver(engine, a, route).await });
+    tokio::spawn(async move { deliver(engine, a, route, signal).await });
 }
 
-async fn deliver(engine: Arc<Engine>, a: ApprovalRecord, route: Route) {
+async fn deliver(
+    engine: Arc<Engine>,
+    a: ApprovalRecord,
+    route: Route,
+    signal: Arc<tokio::sync::Notify>,
+) {
     let channel = route.channel();
-    let signal = engine.approval_signal(&a.token);
     let mut shutdown = engine.shutdown_signal();
     let mut backoff = FIRST_BACKOFF;
     loop {
@@ -141,21 +147,21 @@ fn still_pending(engine: &Engine, token: &str) -> bool {
     }
 }
 
-async fn send(engine: &Engine, a: &ApprovalRecord, route: &Route) -> Result<Delivery, String> {
+async fn send(
+    engine: &Engine,
+    a: &ApprovalRecord,
+    route: &Route,
+) -> Result<ApprovalDelivery, String> {
     match route {
         Route::Telegram { chat } => {
-            let cfg = engine
-                .config
-                .telegram
-                .as_ref()
-                .ok_or("notifications.telegram is not configured")?;
-            let client =
-                telegram::Client::new(cfg, engine.http.clone()).map_err(|e| e.to_string())?;
-            let sent = client
-                .send_approval(chat, &a.message, &a.token)
-                .await
-                .map_err(|e| e.to_string())?;
-            Ok(Delivery::telegram(sent))
+            // Installed at start by the Telegram front-end (see `ports`).
+            if engine.config.telegram.is_none() {
+                return Err("notifications.telegram is not configured".into());
+            }
+            let channel = engine
+                .chat_channel()
+                .ok_or("no Telegram channel was attached to this engine at start")?;
+            channel.send_approval(chat, &a.message, &a.token).await
         }
         Route::Webhook { url } => {
             let page = page_url(&engine.config, &a.token);
@@ -176,7 +182,7 @@ async fn send(engine: &Engine, a: &ApprovalRecord, route: &Route) -> Result<Deli
             if !resp.status().is_success() {
                 return Err(format!("webhook answered HTTP {}", resp.status().as_u16()));
             }
-            Ok(Delivery {
+            Ok(ApprovalDelivery {
                 channel: "webhook".into(),
                 chat_id: None,
                 message_id: None,
@@ -195,7 +201,7 @@ pub fn page_url(config: &Config, token: &str) -> String {
     )
 }
 
-async fn record(engine: &Engine, a: &ApprovalRecord, delivery: Delivery) {
+async fn record(engine: &Engine, a: &ApprovalRecord, delivery: ApprovalDelivery) {
     let write = Write::SetApprovalDelivery {
         token: a.token.clone(),
         delivery_json: delivery.to_json(),
@@ -209,7 +215,9 @@ async fn record(engine: &Engine, a: &ApprovalRecord, delivery: Delivery) {
     // Someone may have decided (on the page) while the message was on its way; the
     // decision could not update a message that was not recorded yet, so do it now.
     if !still_pending(engine, &a.token) {
-        telegram::announce_decided(engine, &a.token);
+        engine.publish(ApprovalChange::Decided {
+            token: a.token.clone(),
+        });
     }
 }
 

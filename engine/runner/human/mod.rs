@@ -21,7 +21,7 @@ use serde_json::json;
 
 use super::records::event;
 use super::step::{CallFailure, HumanMode};
-use super::Engine;
+use super::{ApprovalChange, Engine};
 use crate::executor::{BoxFuture, Call, Outcome};
 use crate::store::{ApprovalRecord, Write};
 use wait::Waiting;
@@ -176,6 +176,10 @@ async fn create(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Result<Waiti
     .await
     .map_err(|e| fail(e.to_string()))?;
     engine.refresh_approvals_gauge();
+    engine.publish(ApprovalChange::Requested {
+        run_id: a.run_id.clone(),
+        token: a.token.clone(),
+    });
     tracing::warn!(target: "vectorstep::approval", run_id = %call.run_id, step = %call.step_path, url = %url, "Approval requested: {}", a.message);
     let w = Waiting::of(&a);
     if production {
@@ -208,8 +212,5 @@ fn waiting(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Write {
 }
 
 fn used(engine: &Engine, token: &str) -> bool {
-    match engine.approvals_used.lock() {
-        Ok(set) => set.contains(token),
-        Err(p) => p.into_inner().contains(token),
-    }
+    engine.signals.is_used(token)
 }

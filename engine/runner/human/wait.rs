@@ -16,6 +16,7 @@ use super::super::Engine;
 use super::fail;
 use crate::executor::{Call, Outcome};
 use crate::run::{StepOutput, Usage};
+use crate::runner::ApprovalChange;
 use crate::store::{ApprovalRecord, Write};
 
 /// How many re-reads per second all waiters together may cost. A waiter re-reads
@@ -26,7 +27,7 @@ use crate::store::{ApprovalRecord, Write};
 const REREADS_PER_SECOND: usize = 200;
 
 fn safety_net(engine: &Engine) -> Duration {
-    let waiters = lock(&engine.approval_signals).len();
+    let waiters = engine.signals.approval_waiters();
     Duration::from_secs((waiters / REREADS_PER_SECOND).clamp(5, 60) as u64)
 }
 
@@ -87,18 +88,11 @@ pub(super) async fn wait(
 ) -> Result<Outcome, CallFailure> {
     let result = outcome(engine, call, &w).await;
     if !matches!(result, Err(CallFailure::Drained)) {
-        lock(&engine.approvals_used).insert(w.token.clone());
-        // Nobody waits on this token any more; a late decision recreates the entry.
-        lock(&engine.approval_signals).remove(&w.token);
+        engine.signals.mark_used(call.run_id, &w.token);
+        // Nobody waits on this token any more.
+        engine.signals.drop_approval(&w.token);
     }
     result
-}
-
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 /// The step's outcome if the approval is no longer pending, `None` while it is.
@@ -123,7 +117,7 @@ async fn outcome(
     call: &Call<'_>,
     w: &Waiting,
 ) -> Result<Outcome, CallFailure> {
-    let signal = engine.approval_signal(&w.token);
+    let signal = engine.approval_signal(call.run_id, &w.token);
     let mut shutdown = engine.shutdown_signal();
     loop {
         // Register for a wake-up before reading, so a decision between the read and
@@ -198,7 +192,9 @@ async fn deadline(
     }
     crate::telemetry::approval_decided(call.pipeline, "timeout");
     engine.refresh_approvals_gauge();
-    crate::telegram::announce_decided(engine, &w.token);
+    engine.publish(ApprovalChange::Decided {
+        token: w.token.clone(),
+    });
     if w.testing {
         return Ok(Some(Ok(decided(
             true,

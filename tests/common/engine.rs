@@ -23,6 +23,11 @@ pub struct Scratch {
 
 /// Writes each `(file stem, yaml)` into `pipelines/` and starts an engine on them.
 pub fn engine_with(pipelines: &[(&str, &str)]) -> Scratch {
+    engine_with_config(pipelines, "")
+}
+
+/// [`engine_with`], with `config_extra` (YAML lines) appended to the config.
+pub fn engine_with_config(pipelines: &[(&str, &str)], config_extra: &str) -> Scratch {
     let dir = tempfile::tempdir().expect("tempdir");
     let pdir = dir.path().join("pipelines");
     std::fs::create_dir_all(&pdir).expect("mkdir");
@@ -32,7 +37,9 @@ pub fn engine_with(pipelines: &[(&str, &str)]) -> Scratch {
     let cfg = dir.path().join("config.yaml");
     std::fs::write(
         &cfg,
-        "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {path: ./vs.db}\n",
+        format!(
+            "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {{path: ./vs.db}}\n{config_extra}"
+        ),
     )
     .expect("write config");
     let config = Arc::new(Config::load(&cfg, true).expect("config").0);

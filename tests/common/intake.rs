@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::crash_support::{Scratch, Service};
+use super::service::{Scratch, Service};
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::crash_support::{Scratch, Service};
-use crate::telegram_fake::FakeTelegram;
+use super::service::{Scratch, Service};
+use super::telegram::FakeTelegram;
 
 pub const APPROVER: u64 = 42;
 pub const STRANGER: u64 = 7;
