@@ -41,7 +41,7 @@ async fn run_one(engine: &Arc<Engine>, name: &str) -> String {
         panic!("run not created");
     };
     match engine.drive(&id, false).await {
-        Ok(RunEnd::Finished(s)) => s,
+        Ok(RunEnd::Finished(s)) => s.to_string(),
         other => panic!("run did not finish: {other:?}"),
     }
 }

@@ -4,6 +4,7 @@ pub mod clock;
 pub mod config;
 pub mod decode;
 pub mod diag;
+pub mod domain;
 pub mod executor;
 pub mod http;
 pub mod intake;

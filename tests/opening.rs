@@ -7,6 +7,7 @@
 mod engine_support;
 
 use engine_support::{create, engine_with};
+use vectorstep::domain::RunStatus;
 use vectorstep::runner::{Created, RunEnd};
 use vectorstep::store::Store;
 
@@ -58,7 +59,7 @@ async fn the_first_step_is_recorded_with_the_run_and_runs_once() {
     assert_eq!(event_names(store, &id), ["run_started", "step_started"]);
 
     let end = engine.drive(&id, false).await.expect("drive");
-    assert_eq!(end, RunEnd::Finished("completed".into()));
+    assert_eq!(end, RunEnd::Finished(RunStatus::Completed));
     let names = event_names(store, &id);
     let started: Vec<_> = names.iter().filter(|n| *n == "step_started").collect();
     assert_eq!(started.len(), 2, "one per step: {names:?}");
@@ -93,7 +94,7 @@ async fn a_deduplicated_run_and_a_guarded_first_step_record_no_step() {
     };
     assert!(store.steps(&guarded).expect("steps").is_empty());
     let end = engine.drive(&guarded, false).await.expect("drive");
-    assert_eq!(end, RunEnd::Finished("completed".into()));
+    assert_eq!(end, RunEnd::Finished(RunStatus::Completed));
     assert_eq!(store.steps(&guarded).expect("steps")[0].status, "skipped");
 }
 
@@ -106,7 +107,7 @@ async fn a_cancel_before_the_driver_starts_stops_after_the_recorded_step() {
     };
     engine.cancel(&id);
     let end = engine.drive(&id, false).await.expect("drive");
-    assert_eq!(end, RunEnd::Finished("cancelled".into()));
+    assert_eq!(end, RunEnd::Finished(RunStatus::Cancelled));
     let steps = store.steps(&id).expect("steps");
     assert_eq!(
         steps

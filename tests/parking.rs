@@ -9,6 +9,7 @@ mod engine_support;
 use std::time::{Duration, Instant};
 
 use engine_support::Scratch;
+use vectorstep::domain::{ApprovalStatus, RunStatus};
 use vectorstep::runner::{Created, RunEnd};
 use vectorstep::store::{Outcome, Store};
 
@@ -63,7 +64,7 @@ fn status(s: &Scratch, id: &str) -> String {
         .run(id)
         .ok()
         .flatten()
-        .map(|r| r.status)
+        .map(|r| r.status.to_string())
         .unwrap_or_default()
 }
 
@@ -121,7 +122,7 @@ async fn a_human_step_with_retry_waits_in_its_task() {
         .expect("driver ends")
         .expect("task")
         .expect("drive");
-    assert_eq!(end, RunEnd::Finished("completed".into()));
+    assert_eq!(end, RunEnd::Finished(RunStatus::Completed));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,7 +147,7 @@ async fn a_decision_written_by_another_process_unparks_the_run() {
     let out = other
         .commit(vec![vectorstep::store::Write::DecideApproval {
             token: token.clone(),
-            status: "approved".into(),
+            status: ApprovalStatus::Approved,
             by: Some("elsewhere".into()),
             at: s.engine.now_ms(),
         }])

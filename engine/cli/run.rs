@@ -13,6 +13,7 @@ use super::validate::{find_pipeline, load_pipelines};
 use super::{load_config, Cli};
 use vectorstep::clock::{rfc3339, Clock, SystemClock};
 use vectorstep::config::Config;
+use vectorstep::domain::{ApprovalStatus, RunStatus, StepStatus};
 use vectorstep::executor::Executors;
 use vectorstep::runner::records::event;
 use vectorstep::runner::{sweep, Created, Engine, RunEnd};
@@ -99,7 +100,7 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
         let status = match end {
             RunEnd::Finished(s) => s,
             // `run` never enables parking, so Parked cannot come back here.
-            RunEnd::Drained | RunEnd::Parked => "running".into(),
+            RunEnd::Drained | RunEnd::Parked => RunStatus::Running,
         };
         let run = store.run(&run_id)?.ok_or_else(|| anyhow::anyhow!("run {run_id} vanished"))?;
         let steps = store.steps(&run_id)?;
@@ -110,12 +111,12 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
             print!("{}", view::step_table(&steps));
             println!();
             println!("run {run_id} ({}) finished: {status}", run.pipeline_name);
-            if let Some(reason) = run.reason.as_deref().filter(|_| status != "completed") {
+            if let Some(reason) = run.reason.as_deref().filter(|_| status != RunStatus::Completed) {
                 println!("reason: {reason}");
             }
             println!("tokens: {}  cost: ${:.4}", run.tokens_used, run.cost_usd);
         }
-        Ok(if status == "completed" || status == "stopped" { 0 } else { 2 })
+        Ok(if status.is_success() { 0 } else { 2 })
     });
     // Tasks an abandoned run left behind stop here, and the store's writer drains;
     // a terminal prompt still reading stdin does not hold the exit back.
@@ -192,7 +193,7 @@ async fn drive_until_signal(
         .store
         .run(run_id)?
         .map(|r| r.status)
-        .unwrap_or_else(|| "cancelled".into());
+        .unwrap_or(RunStatus::Cancelled);
     Ok(RunEnd::Finished(status))
 }
 
@@ -220,11 +221,11 @@ fn cancel_as_it_stands(
     let mut writes = Vec::new();
     let mut in_flight = Vec::new();
     for mut step in engine.store.steps(run_id)? {
-        if step.status != "running" {
+        if step.status != StepStatus::Running {
             continue;
         }
         in_flight.push(step.step_path.clone());
-        step.status = "failed".into();
+        step.status = StepStatus::Failed;
         step.finished_at = Some(now);
         step.duration_ms = u64::try_from(now - step.started_at).ok();
         step.error = Some(format!(
@@ -246,12 +247,12 @@ fn cancel_as_it_stands(
         now,
         "warn",
         "run_finished",
-        "Pipeline finished: cancelled",
-        json!({"status": "cancelled", "terminal_step": in_flight.first(), "reason": reason}),
+        format!("Pipeline finished: {}", RunStatus::Cancelled),
+        json!({"status": RunStatus::Cancelled, "terminal_step": in_flight.first(), "reason": reason}),
     ));
     writes.push(Write::FinishRun {
         run_id: run_id.to_string(),
-        status: "cancelled".into(),
+        status: RunStatus::Cancelled,
         completed_at: now,
         terminal_step: in_flight.first().cloned(),
         reason: Some(reason),
@@ -408,7 +409,10 @@ async fn answer_on_terminal(engine: Arc<Engine>, run_id: String) {
         let Ok(list) = engine.store.approvals_of_run(&run_id) else {
             continue;
         };
-        for a in list.into_iter().filter(|a| a.status == "pending") {
+        for a in list
+            .into_iter()
+            .filter(|a| a.status == ApprovalStatus::Pending)
+        {
             if !asked.insert(a.token.clone()) {
                 continue;
             }

@@ -7,68 +7,40 @@ use serde_json::Value;
 
 use crate::pipeline::{Backoff, Budget, Gate, Join, LowConfidence, OnEmpty, Retry};
 
-/// The status a unit (step, group, fan-out) ends with. Values match SPEC 5.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnitStatus {
-    Completed,
-    Stopped,
-    Escalated,
-    Aborted,
-    Failed,
-    Skipped,
-}
+pub use crate::domain::StepStatus;
 
-impl UnitStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UnitStatus::Completed => "completed",
-            UnitStatus::Stopped => "stopped",
-            UnitStatus::Escalated => "escalated",
-            UnitStatus::Aborted => "aborted",
-            UnitStatus::Failed => "failed",
-            UnitStatus::Skipped => "skipped",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<UnitStatus> {
-        Some(match s {
-            "completed" => UnitStatus::Completed,
-            "stopped" => UnitStatus::Stopped,
-            "escalated" => UnitStatus::Escalated,
-            "aborted" => UnitStatus::Aborted,
-            "failed" => UnitStatus::Failed,
-            "skipped" => UnitStatus::Skipped,
-            _ => return None,
-        })
-    }
-
+impl StepStatus {
     /// The run-log event for a plain step ending this way.
     pub fn step_event(self) -> &'static str {
         match self {
-            UnitStatus::Completed => "step_completed",
-            UnitStatus::Stopped => "step_stopped",
-            UnitStatus::Escalated => "step_escalated",
-            UnitStatus::Aborted => "step_aborted",
-            UnitStatus::Failed => "step_failed",
-            UnitStatus::Skipped => "step_skipped",
+            StepStatus::Completed => "step_completed",
+            StepStatus::Stopped => "step_stopped",
+            StepStatus::Escalated => "step_escalated",
+            StepStatus::Aborted => "step_aborted",
+            StepStatus::Failed => "step_failed",
+            StepStatus::Skipped => "step_skipped",
+            // A unit never settles as running or waiting; these are the events that
+            // put a step in those states.
+            StepStatus::Running => "step_started",
+            StepStatus::Waiting => "approval_requested",
         }
     }
 }
 
 /// Applies the confidence gate (strictly below the threshold triggers it), then
 /// `proceed: false`. A low-confidence escalate or abort wins over `proceed: false`.
-pub fn gate(confidence: f64, proceed: bool, gate: &Gate) -> UnitStatus {
+pub fn gate(confidence: f64, proceed: bool, gate: &Gate) -> StepStatus {
     if confidence < gate.confidence_threshold {
         match gate.on_low_confidence {
-            LowConfidence::Escalate => return UnitStatus::Escalated,
-            LowConfidence::Abort => return UnitStatus::Aborted,
+            LowConfidence::Escalate => return StepStatus::Escalated,
+            LowConfidence::Abort => return StepStatus::Aborted,
             LowConfidence::Proceed => {}
         }
     }
     if !proceed {
-        return UnitStatus::Stopped;
+        return StepStatus::Stopped;
     }
-    UnitStatus::Completed
+    StepStatus::Completed
 }
 
 /// Joins branch confidences (failed branches count as 0.0) in declaration order.
@@ -300,7 +272,7 @@ mod tests {
     #[test]
     fn gate_table() {
         use LowConfidence::*;
-        use UnitStatus::*;
+        use StepStatus::*;
         let cases = [
             (0.8, true, g(0.75, Escalate), Completed),
             (0.75, true, g(0.75, Escalate), Completed), // strictly below only

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::records::{self, NewRecord};
 use super::step::{call_once, CallFailure, CallSpec, HumanMode};
 use super::{Engine, Error};
+use crate::domain::{StepKind, StepStatus};
 use crate::pipeline::{Action, Pipeline};
 use crate::run::{StepOutput, Usage};
 use crate::store::Write;
@@ -21,7 +22,7 @@ pub(super) struct BranchJob {
     pub(super) group: String,
     pub(super) path: String,
     pub(super) index: u32,
-    pub(super) kind: &'static str,
+    pub(super) kind: StepKind,
     pub(super) action: Action,
     pub(super) ctx: minijinja::Value,
     pub(super) attempt: u32,
@@ -76,13 +77,14 @@ impl BranchJob {
         .await;
         let now = self.engine.now_ms();
         let (status, output, usage, error) = match result {
-            Ok(o) => ("completed", o.output, o.usage, None),
+            Ok(o) => (StepStatus::Completed, o.output, o.usage, None),
             // Parked cannot happen (parking is off above); leave it for a restart.
             Err(CallFailure::Drained | CallFailure::Parked) => return Ok(BranchEnd::Drained),
             Err(CallFailure::Error(msg)) => {
                 let mut out = StepOutput::failed(&msg);
-                out.extra.insert("failed".into(), Value::Bool(true));
-                ("failed", out, Usage::default(), Some(msg))
+                out.extra
+                    .insert(StepStatus::Failed.to_string(), Value::Bool(true));
+                (StepStatus::Failed, out, Usage::default(), Some(msg))
             }
         };
         records::finish(&mut rec, status, &output, &usage, error.clone(), now);

@@ -6,8 +6,8 @@ use serde_json::{json, Map, Value};
 
 use super::drive::RunState;
 use super::{outbox, Error, RunEnd};
+use crate::domain::{RunStatus, StepStatus};
 use crate::pipeline::Entry;
-use crate::run::flow::UnitStatus;
 use crate::run::plan::ResumePlan;
 use crate::store::Write;
 
@@ -15,31 +15,27 @@ use crate::store::Write;
 /// committed together with `writes`, then the notifications are delivered.
 pub(super) async fn finish(
     rs: &mut RunState,
-    status: &str,
+    status: RunStatus,
     terminal_step: Option<&str>,
     reason: Option<String>,
     mut writes: Vec<Write>,
 ) -> Result<RunEnd, Error> {
     let now = rs.now();
     writes.push(rs.ev(
-        if status == "completed" || status == "stopped" {
-            "info"
-        } else {
-            "warn"
-        },
+        if status.is_success() { "info" } else { "warn" },
         "run_finished",
         format!("Pipeline finished: {status}"),
         json!({"status": status, "terminal_step": terminal_step, "reason": reason}),
     ));
     writes.push(Write::FinishRun {
         run_id: rs.id().to_string(),
-        status: status.to_string(),
+        status,
         completed_at: now,
         terminal_step: terminal_step.map(str::to_string),
         reason: reason.clone(),
         final_output_json: rs.final_output.as_ref().map(Value::to_string),
     });
-    if status != "completed" {
+    if status != RunStatus::Completed {
         writes.push(Write::CloseApprovalsOfRun {
             run_id: rs.id().to_string(),
             at: now,
@@ -50,16 +46,16 @@ pub(super) async fn finish(
         .chain(rs.deferred.iter())
         .any(|w| matches!(w, Write::InsertNotification(_)));
     rs.commit(writes).await?;
-    if status != "completed" {
+    if status != RunStatus::Completed {
         // Chat messages of the approvals just closed say so (in the background).
         crate::telegram::announce_closed(&rs.engine, rs.id());
     }
-    crate::telemetry::run_finished(&rs.pipeline.name, status);
-    tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status, "Run finished.");
+    crate::telemetry::run_finished(&rs.pipeline.name, status.as_str());
+    tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status = %status, "Run finished.");
     if owes_notifications {
         outbox::deliver_run(&rs.engine, rs.id()).await;
     }
-    Ok(RunEnd::Finished(status.to_string()))
+    Ok(RunEnd::Finished(status))
 }
 
 /// A unit that ended the run was recorded but the run was not closed (a store from
@@ -67,7 +63,7 @@ pub(super) async fn finish(
 pub(super) async fn close_terminal(
     rs: &mut RunState,
     entry: &Entry,
-    status: UnitStatus,
+    status: StepStatus,
     output: Option<Value>,
     reason: Option<String>,
 ) -> Result<RunEnd, Error> {
@@ -81,17 +77,17 @@ pub(super) async fn close_terminal(
         .to_string();
     extra.insert("step_summary".into(), Value::from(summary.clone()));
     let action = match status {
-        UnitStatus::Stopped => "stopped".to_string(),
-        UnitStatus::Aborted => entry.gate().on_abort.clone(),
+        StepStatus::Stopped => StepStatus::Stopped.as_str().to_string(),
+        StepStatus::Aborted => entry.gate().on_abort.clone(),
         _ => "escalate".to_string(),
     };
     let writes = outbox::record(rs, &action, &name, &extra);
-    if status == UnitStatus::Stopped {
+    if status == StepStatus::Stopped {
         rs.final_output = output;
     }
     finish(
         rs,
-        status.as_str(),
+        status.run_ending(),
         Some(&name),
         reason.or(Some(summary)),
         writes,

@@ -9,9 +9,10 @@ use super::branch::{BranchEnd, BranchJob};
 use super::drive::{RunState, UnitOutcome, UnitResult};
 use super::records::{self, NewRecord};
 use super::Error;
+use crate::domain::{StepKind, StepStatus};
 use crate::pipeline::{Action, FanOut, Gate, Join, Parallel};
 use crate::run::context::{self, ItemVars};
-use crate::run::flow::{self, FanOutItems, UnitStatus};
+use crate::run::flow::{self, FanOutItems};
 use crate::run::plan::{BranchPlan, InFlight};
 use crate::run::{StepOutput, Usage};
 use crate::store::{StepRecord, Write};
@@ -19,8 +20,8 @@ use crate::store::{StepRecord, Write};
 /// A group's branches, described once for both shapes.
 struct Shape<'a> {
     name: &'a str,
-    kind: &'static str,
-    branch_kind: &'static str,
+    kind: StepKind,
+    branch_kind: StepKind,
     gate: &'a Gate,
     join: Join,
     /// (template key, path, action, weight) per branch.
@@ -40,7 +41,7 @@ fn group_record(rs: &RunState, i: usize, shape: &Shape<'_>) -> StepRecord {
         attempt: 1,
         iteration: 1,
     });
-    rec.executor = shape.kind.to_string();
+    rec.executor = shape.kind.as_str().to_string();
     rec
 }
 
@@ -52,8 +53,8 @@ pub(super) async fn parallel(
 ) -> Result<UnitOutcome, Error> {
     let shape = Shape {
         name: &p.name,
-        kind: "parallel",
-        branch_kind: "branch",
+        kind: StepKind::Parallel,
+        branch_kind: StepKind::Branch,
         gate: &p.gate,
         join: p.join,
         branches: p
@@ -114,8 +115,8 @@ pub(super) async fn fan_out(
 ) -> Result<UnitOutcome, Error> {
     let mut shape = Shape {
         name: &f.name,
-        kind: "fan_out",
-        branch_kind: "fan_out_branch",
+        kind: StepKind::FanOut,
+        branch_kind: StepKind::FanOutBranch,
         gate: &f.gate,
         join: f.join,
         branches: Vec::new(),
@@ -161,7 +162,7 @@ pub(super) async fn fan_out(
                     let out = StepOutput::new(1.0, format!("Fan-out '{}': empty list", f.name));
                     records::finish(
                         &mut rec,
-                        "completed",
+                        StepStatus::Completed,
                         &out,
                         &Usage::default(),
                         None,
@@ -174,7 +175,7 @@ pub(super) async fn fan_out(
                         json!({"step": f.name}),
                     );
                     return Ok(done(
-                        UnitStatus::Completed,
+                        StepStatus::Completed,
                         out,
                         rec,
                         vec![ev],
@@ -187,7 +188,7 @@ pub(super) async fn fan_out(
                     let out = StepOutput::failed(&reason);
                     records::finish(
                         &mut rec,
-                        "failed",
+                        StepStatus::Failed,
                         &out,
                         &Usage::default(),
                         Some(reason.clone()),
@@ -195,7 +196,7 @@ pub(super) async fn fan_out(
                     );
                     let ev = rs.ev("error", event, reason.clone(), json!({"step": f.name}));
                     return Ok(done(
-                        UnitStatus::Failed,
+                        StepStatus::Failed,
                         out,
                         rec,
                         vec![ev],
@@ -240,7 +241,7 @@ pub(super) async fn fan_out(
 }
 
 fn done(
-    status: UnitStatus,
+    status: StepStatus,
     output: StepOutput,
     record: StepRecord,
     events: Vec<Write>,
@@ -275,7 +276,7 @@ async fn run_group(
     // Branches kept from before a restart keep their outputs.
     for (pos, plan) in plans.iter().enumerate() {
         if let BranchPlan::Kept { status, output, .. } = plan {
-            let failed = status != "completed";
+            let failed = *status != StepStatus::Completed;
             let c = if failed {
                 0.0
             } else {
@@ -388,22 +389,15 @@ async fn run_group(
         ),
     );
     let status = flow::gate(joined, true, shape.gate);
-    records::finish(
-        rec,
-        status.as_str(),
-        &output,
-        &Usage::default(),
-        None,
-        rs.now(),
-    );
-    let level = if status == UnitStatus::Completed {
+    records::finish(rec, status, &output, &Usage::default(), None, rs.now());
+    let level = if status == StepStatus::Completed {
         "info"
     } else {
         "warn"
     };
     let mut events = vec![rs.ev(level, completed_event, output.summary.clone(),
         json!({"step": shape.name, "group": shape.name, "confidence": joined, "completed": completed, "total": n, "status": status.as_str()}))];
-    if status != UnitStatus::Completed {
+    if status != StepStatus::Completed {
         events.push(rs.ev(
             "warn",
             status.step_event(),
@@ -475,7 +469,7 @@ fn escalate_group(
         }
         records::finish(
             &mut b,
-            "escalated",
+            StepStatus::Escalated,
             &StepOutput::new(0.0, "escalated on resume"),
             &Usage::default(),
             None,
@@ -489,9 +483,16 @@ fn escalate_group(
         summary,
         json!({"step": shape.name, "branches": paths}),
     ));
-    records::finish(rec, "escalated", &output, &Usage::default(), None, now);
+    records::finish(
+        rec,
+        StepStatus::Escalated,
+        &output,
+        &Usage::default(),
+        None,
+        now,
+    );
     done(
-        UnitStatus::Escalated,
+        StepStatus::Escalated,
         output,
         rec.clone(),
         events,
@@ -515,11 +516,11 @@ async fn timed_out(
     let stored =
         super::persist::read(&rs.engine, rs.id(), || rs.engine.store.steps(rs.id())).await?;
     for r in stored {
-        if r.status == "running" && r.step_path.starts_with(&format!("{}/", shape.name)) {
+        if r.status == StepStatus::Running && r.step_path.starts_with(&format!("{}/", shape.name)) {
             let mut r = r;
             records::finish(
                 &mut r,
-                "failed",
+                StepStatus::Failed,
                 &StepOutput::failed("cancelled: group timed out"),
                 &Usage::default(),
                 Some("cancelled: group timed out".into()),
@@ -537,14 +538,14 @@ async fn timed_out(
     let out = StepOutput::failed(&reason);
     records::finish(
         rec,
-        "failed",
+        StepStatus::Failed,
         &out,
         &Usage::default(),
         Some(reason.clone()),
         now,
     );
     Ok(done(
-        UnitStatus::Failed,
+        StepStatus::Failed,
         out,
         rec.clone(),
         writes,

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::domain::{ApprovalStatus, RunStatus};
 use crate::executor::Executors;
 use crate::pipeline::{Pipeline, PipelineSet};
 use crate::run::context::Normalised;
@@ -92,7 +93,7 @@ impl Drop for Admission {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunEnd {
     /// The run reached this terminal status.
-    Finished(String),
+    Finished(RunStatus),
     /// Shutdown stopped the run at a step boundary; it stays `running` to be resumed.
     Drained,
     /// The run waits for a human decision without a task (see `park`); it is driven
@@ -292,7 +293,7 @@ impl Engine {
         let record = RunRecord {
             id: id.clone(),
             pipeline_name: pipeline.name.clone(),
-            status: "running".into(),
+            status: RunStatus::Running,
             source: trigger.source.clone(),
             team: trigger.team.clone(),
             stage: pipeline.stage.as_str().into(),
@@ -523,7 +524,7 @@ impl Engine {
         tracing::info!(run_id = %run_id, by = by.unwrap_or(""), "Cancel requested.");
         // A run parked on an approval stops now rather than at its next poll.
         if let Ok(list) = self.store.approvals_of_run(run_id) {
-            for a in list.iter().filter(|a| a.status == "pending") {
+            for a in list.iter().filter(|a| a.status == ApprovalStatus::Pending) {
                 self.approval_signal(&a.token).notify_waiters();
             }
         }
@@ -621,7 +622,11 @@ impl Engine {
     ) -> Result<Outcome, Error> {
         let by = decider.by.as_str();
         let now = self.now_ms();
-        let status = if approve { "approved" } else { "rejected" };
+        let status = if approve {
+            ApprovalStatus::Approved
+        } else {
+            ApprovalStatus::Rejected
+        };
         let Some(a) = self.store.approval(token)? else {
             return Ok(Outcome::ApprovalUnknown);
         };
@@ -644,7 +649,7 @@ impl Engine {
         );
         let decide = Write::DecideApproval {
             token: token.to_string(),
-            status: status.into(),
+            status,
             by: Some(by.to_string()),
             at: now,
         };
@@ -659,10 +664,10 @@ impl Engine {
             // Logged only for the decision that won, after it is durable.
             self.store.commit(vec![ev]).await?;
             // At warn, beside "Approval requested": who decided is the audit trail.
-            tracing::warn!(target: "vectorstep::approval", run_id = %a.run_id, step = %a.step_path, decision = status, by = %by,
+            tracing::warn!(target: "vectorstep::approval", run_id = %a.run_id, step = %a.step_path, decision = %status, by = %by,
                 via = decider.via.unwrap_or("api"), client = decider.client.as_deref().unwrap_or(""),
                 "Approval {status} by {by}.");
-            crate::telemetry::approval_decided(&a.pipeline_name, status);
+            crate::telemetry::approval_decided(&a.pipeline_name, status.as_str());
             self.refresh_approvals_gauge();
             if !self.unpark(token) {
                 self.approval_signal(token).notify_waiters();

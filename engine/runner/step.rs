@@ -8,10 +8,11 @@ use serde_json::{json, Value};
 use super::drive::{RunState, Start, UnitOutcome, UnitResult};
 use super::records::{self, NewRecord};
 use super::Error;
+use crate::domain::{StepKind, StepStatus};
 use crate::executor::{Call, Outcome};
 use crate::pipeline::{Action, Entry, ExecutorKind, Step};
 use crate::run::context::{self, LoopVars};
-use crate::run::flow::{self, UnitStatus};
+use crate::run::flow;
 use crate::run::{StepOutput, Usage};
 use crate::store::Write;
 
@@ -145,7 +146,7 @@ pub(super) fn opening(
         run_id,
         path,
         index: records::step_index(i, None),
-        kind: "step",
+        kind: StepKind::Step,
         action: Some(&step.action),
         started_at,
         attempt,
@@ -271,9 +272,17 @@ pub(super) async fn run(
                 Err(CallFailure::Error(msg)) => {
                     if try_no == tries {
                         let mut out = StepOutput::failed(&msg);
-                        out.extra.insert("failed".into(), Value::Bool(true));
+                        out.extra
+                            .insert(StepStatus::Failed.to_string(), Value::Bool(true));
                         let now = rs.now();
-                        records::finish(&mut rec, "failed", &out, &usage, Some(msg.clone()), now);
+                        records::finish(
+                            &mut rec,
+                            StepStatus::Failed,
+                            &out,
+                            &usage,
+                            Some(msg.clone()),
+                            now,
+                        );
                         events.push(rs.ev(
                             "error",
                             "step_failed",
@@ -281,7 +290,7 @@ pub(super) async fn run(
                             json!({"step": path, "error": msg, "attempt": attempt}),
                         ));
                         return Ok(UnitOutcome::Done(Box::new(UnitResult {
-                            status: UnitStatus::Failed,
+                            status: StepStatus::Failed,
                             output: out,
                             usage,
                             record: rec,
@@ -346,8 +355,8 @@ pub(super) async fn run(
     }
     let status = flow::gate(output.confidence, output.proceed, &step.gate);
     let now = rs.now();
-    records::finish(&mut rec, status.as_str(), &output, &usage, None, now);
-    let level = if status == UnitStatus::Completed {
+    records::finish(&mut rec, status, &output, &usage, None, now);
+    let level = if status == StepStatus::Completed {
         "info"
     } else {
         "warn"
@@ -402,7 +411,14 @@ pub(super) fn escalate_in_flight(rs: &RunState, i: usize, entry: &Entry) -> Unit
         "Step '{path}' escalated on resume (durable.on_interrupted=escalate): it was in flight when the process stopped and was not executed again"
     );
     let output = StepOutput::new(0.0, summary.clone());
-    records::finish(&mut rec, "escalated", &output, &Usage::default(), None, now);
+    records::finish(
+        &mut rec,
+        StepStatus::Escalated,
+        &output,
+        &Usage::default(),
+        None,
+        now,
+    );
     let events = vec![
         rs.ev(
             "warn",
@@ -418,7 +434,7 @@ pub(super) fn escalate_in_flight(rs: &RunState, i: usize, entry: &Entry) -> Unit
         ),
     ];
     UnitResult {
-        status: UnitStatus::Escalated,
+        status: StepStatus::Escalated,
         output,
         usage: Usage::default(),
         record: rec,

@@ -15,6 +15,7 @@ use serde_json::json;
 use super::records::event;
 use super::{Engine, Error};
 use crate::config::Config;
+use crate::domain::RunStatus;
 use crate::pipeline::PipelineSet;
 use crate::store::lock::{self, FileLock, Probe};
 use crate::store::{RunRecord, Write};
@@ -101,7 +102,10 @@ pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
                 if owners.gone(&owner) {
                     // Read again now that the owner's lock is ours: it may have
                     // ended the run between the listing and the probe.
-                    if let Some(run) = engine.store.run(&run.id)?.filter(|r| r.status == "running")
+                    if let Some(run) = engine
+                        .store
+                        .run(&run.id)?
+                        .filter(|r| r.status == RunStatus::Running)
                     {
                         adopted.insert(run.id.clone());
                         runs.push(run);
@@ -161,7 +165,11 @@ pub async fn adopt_orphans(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error
             continue;
         }
         // Read after the owner's lock was taken: nothing changes it any more.
-        if let Some(run) = engine.store.run(&run_id)?.filter(|r| r.status == "running") {
+        if let Some(run) = engine
+            .store
+            .run(&run_id)?
+            .filter(|r| r.status == RunStatus::Running)
+        {
             adopted.insert(run.id.clone());
             runs.push(run);
         }
@@ -293,7 +301,7 @@ async fn settle(
                 }
                 writes.push(Write::FinishRun {
                     run_id: run.id.clone(),
-                    status: "interrupted".into(),
+                    status: RunStatus::Interrupted,
                     completed_at: now,
                     terminal_step: None,
                     reason: Some(message),

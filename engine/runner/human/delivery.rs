@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::super::Engine;
 use crate::config::Config;
+use crate::domain::{ApprovalStatus, Channel, SendResult};
 use crate::store::{ApprovalRecord, Write};
 use crate::telegram::{self, Delivery};
 
@@ -34,9 +35,9 @@ impl Route {
     /// The `channel` column.
     pub fn channel(&self) -> &'static str {
         match self {
-            Route::Telegram { .. } => "telegram",
-            Route::Webhook { .. } => "webhook",
-            Route::Page => "page",
+            Route::Telegram { .. } => Channel::Telegram.as_str(),
+            Route::Webhook { .. } => Channel::Webhook.as_str(),
+            Route::Page => Channel::Page.as_str(),
         }
     }
 }
@@ -54,8 +55,8 @@ pub fn route(config: &Config, team: Option<&str>) -> Route {
             None => Route::Page,
         };
     };
-    match r.channel.as_str() {
-        "telegram" => {
+    match Channel::parse(&r.channel) {
+        Some(Channel::Telegram) => {
             let chat = r
                 .chat_id
                 .clone()
@@ -68,7 +69,7 @@ pub fn route(config: &Config, team: Option<&str>) -> Route {
                 }
             }
         }
-        "webhook" => match &r.url {
+        Some(Channel::Webhook) => match &r.url {
             Some(url) => Route::Webhook { url: url.clone() },
             None => Route::Page,
         },
@@ -82,9 +83,12 @@ pub fn route(config: &Config, team: Option<&str>) -> Route {
 /// far as the store knows) when the wait is re-armed.
 pub fn undelivered(a: &ApprovalRecord) -> bool {
     a.stage == "production"
-        && a.status == "pending"
+        && a.status == ApprovalStatus::Pending
         && a.delivery_json.is_none()
-        && matches!(a.channel.as_deref(), Some("telegram" | "webhook"))
+        && matches!(
+            a.channel.as_deref().and_then(Channel::parse),
+            Some(Channel::Telegram | Channel::Webhook)
+        )
 }
 
 /// Delivers `a` on a background task.
@@ -112,12 +116,12 @@ async fn deliver(engine: Arc<Engine>, a: ApprovalRecord, route: Route) {
         match send(&engine, &a, &route).await {
             Ok(mut delivery) => {
                 delivery.delivered_at = Some(engine.now_ms());
-                crate::telemetry::notification(channel, "sent");
+                crate::telemetry::notification(channel, SendResult::Sent.as_str());
                 record(&engine, &a, delivery).await;
                 return;
             }
             Err(e) => {
-                crate::telemetry::notification(channel, "failed");
+                crate::telemetry::notification(channel, SendResult::Failed.as_str());
                 tracing::warn!(run_id = %a.run_id, step = %a.step_path, channel, error = %e,
                     retry_in_ms = backoff.as_millis() as u64,
                     "Cannot deliver the approval request; it stays decidable on the approvals page. Retrying.");
@@ -134,7 +138,7 @@ async fn deliver(engine: Arc<Engine>, a: ApprovalRecord, route: Route) {
 
 fn still_pending(engine: &Engine, token: &str) -> bool {
     match engine.store.approval(token) {
-        Ok(Some(a)) => a.status == "pending",
+        Ok(Some(a)) => a.status == ApprovalStatus::Pending,
         Ok(None) => false,
         // An unreadable store is not a reason to give up on the message.
         Err(_) => true,
@@ -177,7 +181,7 @@ async fn send(engine: &Engine, a: &ApprovalRecord, route: &Route) -> Result<Deli
                 return Err(format!("webhook answered HTTP {}", resp.status().as_u16()));
             }
             Ok(Delivery {
-                channel: "webhook".into(),
+                channel: Channel::Webhook.to_string(),
                 chat_id: None,
                 message_id: None,
                 url: Some(url.clone()),

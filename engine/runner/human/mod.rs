@@ -22,6 +22,7 @@ use serde_json::json;
 use super::records::event;
 use super::step::{CallFailure, HumanMode};
 use super::Engine;
+use crate::domain::{ApprovalStatus, StepKind, StepStatus};
 use crate::executor::{BoxFuture, Call, Outcome};
 use crate::store::{ApprovalRecord, Write};
 use wait::Waiting;
@@ -76,7 +77,7 @@ async fn request(
         .map_err(|e| fail(e.to_string()))?
         .into_iter()
         .rfind(|a| a.step_path == call.step_path)
-        .filter(|a| a.status != "closed" && !used(engine, &a.token));
+        .filter(|a| a.status != ApprovalStatus::Closed && !used(engine, &a.token));
     match existing {
         // The same process parked this wait: nothing to log, nothing owed.
         Some(a) if unparked => Ok(Waiting::of(&a)),
@@ -94,7 +95,7 @@ async fn rearm(
     a: ApprovalRecord,
     now: i64,
 ) -> Result<Waiting, CallFailure> {
-    let msg = if a.status == "pending" {
+    let msg = if a.status == ApprovalStatus::Pending {
         format!(
             "Re-armed approval for {} after restart; the message was not sent again",
             call.step_path
@@ -150,7 +151,7 @@ async fn create(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Result<Waiti
         channel: production.then(|| route.channel().to_string()),
         created_at: now,
         deadline_at: now + timeout_ms,
-        status: "pending".into(),
+        status: ApprovalStatus::Pending,
         decided_by: None,
         decided_at: None,
         delivery_json: None,
@@ -196,14 +197,14 @@ fn waiting(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Write {
                 run_id: call.run_id,
                 path: call.step_path,
                 index: 0,
-                kind: "step",
+                kind: StepKind::Step,
                 action: Some(call.action),
                 started_at: now,
                 attempt: call.attempt,
                 iteration: 1,
             })
         });
-    rec.status = "waiting".into();
+    rec.status = StepStatus::Waiting;
     Write::UpsertStep(rec)
 }
 
