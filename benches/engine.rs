@@ -80,7 +80,7 @@ fn main() {
         if std::env::var("BENCH_PROBE").is_ok() {
             let t = Instant::now();
             for i in 0..200 {
-                let ev = vectorstep::runner::records::event("x", 0, "info", "e", format!("{i}"), serde_json::json!({}));
+                let ev = vectorstep::events::Event::FanOutEmpty { step: "x".into() }.write("x", 0, format!("{i}"));
                 store.commit(vec![ev]).await.expect("commit");
             }
             println!("store.commit of one event: {:.3} ms each", ms(t.elapsed() / 200));

@@ -231,6 +231,15 @@ words! {
 }
 
 words! {
+    /// The level of a run-log event.
+    Level, "log level" {
+        Info = "info",
+        Warn = "warn",
+        Error = "error",
+    }
+}
+
+words! {
     /// The result label of `vectorstep_notifications_total`.
     SendResult, "notification result" {
         Sent = "sent",
@@ -264,6 +273,7 @@ mod tests {
         round_trips::<NotificationStatus>();
         round_trips::<Channel>();
         round_trips::<SendResult>();
+        round_trips::<Level>();
     }
 
     #[test]

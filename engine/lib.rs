@@ -5,6 +5,7 @@ pub mod config;
 pub mod decode;
 pub mod diag;
 pub mod domain;
+pub mod events;
 pub mod executor;
 pub mod http;
 pub mod intake;

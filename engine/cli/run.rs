@@ -7,15 +7,15 @@ use std::time::Duration;
 use std::io::IsTerminal;
 
 use anyhow::Context;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::validate::{find_pipeline, load_pipelines};
 use super::{load_config, Cli};
 use vectorstep::clock::{rfc3339, Clock, SystemClock};
 use vectorstep::config::Config;
 use vectorstep::domain::{ApprovalStatus, RunStatus, StepStatus};
+use vectorstep::events::Event;
 use vectorstep::executor::Executors;
-use vectorstep::runner::records::event;
 use vectorstep::runner::{sweep, Created, Engine, RunEnd};
 use vectorstep::store::lock::OwnerLock;
 use vectorstep::store::{RunFilter, Store, Write};
@@ -234,22 +234,29 @@ fn cancel_as_it_stands(
         writes.push(Write::UpsertStep(step));
     }
     let reason = format!("cancelled by {signal}");
-    writes.push(event(
-        run_id,
-        now,
-        "warn",
-        "run_cancelled",
-        format!("Run cancelled by {signal}; in flight: {in_flight:?}"),
-        json!({"signal": signal, "in_flight": in_flight}),
-    ));
-    writes.push(event(
-        run_id,
-        now,
-        "warn",
-        "run_finished",
-        format!("Pipeline finished: {}", RunStatus::Cancelled),
-        json!({"status": RunStatus::Cancelled, "terminal_step": in_flight.first(), "reason": reason}),
-    ));
+    writes.push(
+        Event::RunCancelledBySignal {
+            signal: signal.to_string(),
+            in_flight: in_flight.clone(),
+        }
+        .write(
+            run_id,
+            now,
+            format!("Run cancelled by {signal}; in flight: {in_flight:?}"),
+        ),
+    );
+    writes.push(
+        Event::RunFinished {
+            status: RunStatus::Cancelled,
+            terminal_step: in_flight.first().cloned(),
+            reason: Some(reason.clone()),
+        }
+        .write(
+            run_id,
+            now,
+            format!("Pipeline finished: {}", RunStatus::Cancelled),
+        ),
+    );
     writes.push(Write::FinishRun {
         run_id: run_id.to_string(),
         status: RunStatus::Cancelled,
@@ -392,8 +399,10 @@ pub fn sweep_dry_run(cli: &Cli) -> anyhow::Result<i32> {
             }
             sweep::Decision::Interrupt { event, message, .. } => {
                 println!(
-                    "{}  {}  {adopt}interrupt ({event}): {message}",
-                    run.id, run.pipeline_name
+                    "{}  {}  {adopt}interrupt ({}): {message}",
+                    run.id,
+                    run.pipeline_name,
+                    event.name()
                 );
             }
         }

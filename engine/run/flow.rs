@@ -9,24 +9,6 @@ use crate::pipeline::{Backoff, Budget, Gate, Join, LowConfidence, OnEmpty, Retry
 
 pub use crate::domain::StepStatus;
 
-impl StepStatus {
-    /// The run-log event for a plain step ending this way.
-    pub fn step_event(self) -> &'static str {
-        match self {
-            StepStatus::Completed => "step_completed",
-            StepStatus::Stopped => "step_stopped",
-            StepStatus::Escalated => "step_escalated",
-            StepStatus::Aborted => "step_aborted",
-            StepStatus::Failed => "step_failed",
-            StepStatus::Skipped => "step_skipped",
-            // A unit never settles as running or waiting; these are the events that
-            // put a step in those states.
-            StepStatus::Running => "step_started",
-            StepStatus::Waiting => "approval_requested",
-        }
-    }
-}
-
 /// Applies the confidence gate (strictly below the threshold triggers it), then
 /// `proceed: false`. A low-confidence escalate or abort wins over `proceed: false`.
 pub fn gate(confidence: f64, proceed: bool, gate: &Gate) -> StepStatus {
@@ -112,13 +94,14 @@ fn thousands(n: u64) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub enum FanOutItems {
     Run(Vec<Value>),
-    /// Empty list: the fan-out completes (or skips) with confidence 1.0.
+    /// Empty list: the fan-out completes (`skipped` with `on_empty: skip`) with
+    /// confidence 1.0.
     Empty {
-        event: &'static str,
+        skipped: bool,
     },
-    /// Empty with `on_empty: abort`, too many items, or an unusable `over`.
+    /// Empty with `on_empty: abort` (`empty`), too many items, or an unusable `over`.
     Fail {
-        event: &'static str,
+        empty: bool,
         reason: String,
     },
 }
@@ -233,20 +216,16 @@ pub fn fan_out_items(
     if items.is_empty() {
         return match on_empty {
             OnEmpty::Abort => FanOutItems::Fail {
-                event: "fan_out_empty",
+                empty: true,
                 reason: format!("Fan-out '{name}': empty list — on_empty=abort"),
             },
-            OnEmpty::Skip => FanOutItems::Empty {
-                event: "fan_out_skipped",
-            },
-            OnEmpty::Complete => FanOutItems::Empty {
-                event: "fan_out_empty",
-            },
+            OnEmpty::Skip => FanOutItems::Empty { skipped: true },
+            OnEmpty::Complete => FanOutItems::Empty { skipped: false },
         };
     }
     if items.len() > max_items {
         return FanOutItems::Fail {
-            event: "fan_out_failed",
+            empty: false,
             reason: format!(
                 "Fan-out '{name}': {} items exceeds max_items={max_items}",
                 items.len()
@@ -362,27 +341,20 @@ mod tests {
     fn fan_out_modes() {
         assert_eq!(
             fan_out_items("fo", vec![], 5, OnEmpty::Skip),
-            FanOutItems::Empty {
-                event: "fan_out_skipped"
-            }
+            FanOutItems::Empty { skipped: true }
         );
         assert_eq!(
             fan_out_items("fo", vec![], 5, OnEmpty::Complete),
-            FanOutItems::Empty {
-                event: "fan_out_empty"
-            }
+            FanOutItems::Empty { skipped: false }
         );
         assert!(matches!(
             fan_out_items("fo", vec![], 5, OnEmpty::Abort),
-            FanOutItems::Fail { .. }
+            FanOutItems::Fail { empty: true, .. }
         ));
         let three = vec![json!(1), json!(2), json!(3)];
         assert!(matches!(
             fan_out_items("fo", three.clone(), 2, OnEmpty::Complete),
-            FanOutItems::Fail {
-                event: "fan_out_failed",
-                ..
-            }
+            FanOutItems::Fail { empty: false, .. }
         ));
         assert_eq!(
             fan_out_items("fo", three.clone(), 3, OnEmpty::Complete),

@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::records::{self, NewRecord};
 use super::step::{call_once, CallFailure, CallSpec, HumanMode};
 use super::{Engine, Error};
 use crate::domain::{StepKind, StepStatus};
+use crate::events::Event;
 use crate::pipeline::{Action, Pipeline};
 use crate::run::{StepOutput, Usage};
 use crate::store::Write;
@@ -88,19 +89,24 @@ impl BranchJob {
             }
         };
         records::finish(&mut rec, status, &output, &usage, error.clone(), now);
-        let (name, level) = if error.is_none() {
-            ("branch_completed", "info")
+        let (branch, group, confidence) =
+            (self.path.clone(), self.group.clone(), output.confidence);
+        let event = if error.is_none() {
+            Event::BranchCompleted {
+                branch,
+                group,
+                confidence,
+                error: None,
+            }
         } else {
-            ("branch_failed", "warn")
+            Event::BranchFailed {
+                branch,
+                group,
+                confidence,
+                error: error.clone(),
+            }
         };
-        let ev = records::event(
-            &self.run_id,
-            now,
-            level,
-            name,
-            format!("Branch {} {status}", self.path),
-            json!({"branch": self.path, "group": self.group, "confidence": output.confidence, "error": error}),
-        );
+        let ev = event.write(&self.run_id, now, format!("Branch {} {status}", self.path));
         super::persist::commit(&self.engine, &self.run_id, vec![Write::UpsertStep(rec), ev])
             .await?;
         Ok(BranchEnd::Done(BranchDone {

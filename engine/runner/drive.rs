@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::ending::{announce_resume, close_terminal, finish};
-use super::records::{self, event};
+use super::records;
 use super::{outbox, DriveMode, Engine, Error, RunEnd};
 use crate::domain::{RunStatus, StepKind, StepStatus};
+use crate::events::Event;
 use crate::pipeline::{Entry, Pipeline};
 use crate::run::context::{self, ContextInput, ItemVars, LoopVars, Normalised, Outputs};
 use crate::run::flow;
@@ -76,8 +77,9 @@ impl RunState {
         self.engine.now_ms()
     }
 
-    pub fn ev(&self, level: &str, name: &str, msg: impl Into<String>, fields: Value) -> Write {
-        event(&self.run.id, self.now(), level, name, msg, fields)
+    /// A run-log event of this run, stamped now.
+    pub fn ev(&self, event: Event, msg: impl Into<String>) -> Write {
+        event.write(&self.run.id, self.now(), msg)
     }
 
     /// Commits `writes` together with any deferred ones, waiting out a store that
@@ -198,10 +200,11 @@ pub(super) async fn drive(
         let in_flight = i == 0 && rs.opened.is_some();
         if engine.is_cancelled(rs.id()) && !in_flight {
             let w = vec![rs.ev(
-                "warn",
-                "run_cancelled",
+                Event::RunCancelledAtBoundary {
+                    before_step: entry.name().to_string(),
+                    by: engine.cancelled_by(rs.id()),
+                },
                 "Run cancelled at a step boundary.",
-                json!({"before_step": entry.name(), "by": engine.cancelled_by(rs.id())}),
             )];
             return finish(
                 &mut rs,
@@ -276,10 +279,11 @@ pub(super) async fn drive(
             let mut w = vec![Write::UpsertStep(result.record)];
             w.extend(result.events);
             w.push(rs.ev(
-                "warn",
-                "run_cancelled",
+                Event::RunCancelledDuringStep {
+                    step: entry.name().to_string(),
+                    by: engine.cancelled_by(rs.id()),
+                },
                 format!("Run cancelled during {}", entry.name()),
-                json!({"step": entry.name(), "by": engine.cancelled_by(rs.id())}),
             ));
             return finish(
                 &mut rs,
@@ -353,25 +357,20 @@ async fn skip(
     rec.status = StepStatus::Skipped;
     rec.finished_at = Some(now);
     rec.duration_ms = Some(0);
-    let (level, msg) = match &error {
-        None => (
-            "info",
-            format!("Step skipped: `when` is false for {}", entry.name()),
-        ),
-        Some(e) => (
-            "warn",
-            format!(
-                "Step skipped: `when` of {} could not be evaluated: {e}",
-                entry.name()
-            ),
+    let msg = match &error {
+        None => format!("Step skipped: `when` is false for {}", entry.name()),
+        Some(e) => format!(
+            "Step skipped: `when` of {} could not be evaluated: {e}",
+            entry.name()
         ),
     };
     rec.error = error.clone();
     let ev = rs.ev(
-        level,
-        "step_skipped",
+        Event::StepSkipped {
+            step: entry.name().to_string(),
+            when_error: error,
+        },
         msg,
-        json!({"step": entry.name(), "when_error": error}),
     );
     rs.defer(vec![Write::UpsertStep(rec), ev]);
     Ok(())
@@ -420,7 +419,14 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
             if let Some(msg) = rs.pipeline.budget.as_ref().and_then(|b| {
                 flow::budget_exceeded(b, rs.usage.tokens(), rs.usage.cost_usd.unwrap_or(0.0))
             }) {
-                writes.push(rs.ev("warn", "budget_exceeded", msg.clone(), json!({"step": name, "tokens_used": rs.usage.tokens(), "cost_usd": rs.usage.cost_usd.unwrap_or(0.0)})));
+                writes.push(rs.ev(
+                    Event::BudgetExceeded {
+                        step: name.clone(),
+                        tokens_used: rs.usage.tokens(),
+                        cost_usd: rs.usage.cost_usd.unwrap_or(0.0),
+                    },
+                    msg.clone(),
+                ));
                 extra.insert("step_summary".into(), Value::from(msg.clone()));
                 // A tripped budget owes the pipeline's `notify` notifications.
                 writes.extend(outbox::record(rs, "notify", &name, &extra));
@@ -433,10 +439,11 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
         }
         StepStatus::Failed if matches!(entry, Entry::Step(s) if s.on_failure.continue_run) => {
             writes.push(rs.ev(
-                "warn",
-                "step_failed_continuing",
+                Event::StepFailedContinuing {
+                    step: name.clone(),
+                    error: r.error.clone(),
+                },
                 format!("Step {name} failed; on_failure=continue"),
-                json!({"step": name, "error": r.error}),
             ));
             add_usage(rs, &r.usage, &mut writes);
             if let Entry::Step(s) = entry {

@@ -2,11 +2,12 @@
 //! `close_terminal` closes a run whose ending unit was recorded without it, and
 //! `announce_resume` audits a resume (SPEC 6.5).
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::drive::RunState;
 use super::{outbox, Error, RunEnd};
 use crate::domain::{RunStatus, StepStatus};
+use crate::events::Event;
 use crate::pipeline::Entry;
 use crate::run::plan::ResumePlan;
 use crate::store::Write;
@@ -22,10 +23,12 @@ pub(super) async fn finish(
 ) -> Result<RunEnd, Error> {
     let now = rs.now();
     writes.push(rs.ev(
-        if status.is_success() { "info" } else { "warn" },
-        "run_finished",
+        Event::RunFinished {
+            status,
+            terminal_step: terminal_step.map(str::to_string),
+            reason: reason.clone(),
+        },
         format!("Pipeline finished: {status}"),
-        json!({"status": status, "terminal_step": terminal_step, "reason": reason}),
     ));
     writes.push(Write::FinishRun {
         run_id: rs.id().to_string(),
@@ -97,13 +100,13 @@ pub(super) async fn close_terminal(
 
 pub(super) async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Result<(), Error> {
     let count = rs.run.resume_count + 1;
-    let fields = json!({
-        "steps_skipped": plan.steps_skipped,
-        "branches_skipped": plan.branches_skipped,
-        "in_flight": plan.in_flight,
-        "on_interrupted": plan.on_interrupted.as_str(),
-        "resume_count": count,
-    });
+    let event = Event::RunResumed {
+        steps_skipped: plan.steps_skipped,
+        branches_skipped: plan.branches_skipped,
+        in_flight: plan.in_flight.clone(),
+        on_interrupted: plan.on_interrupted.as_str().to_string(),
+        resume_count: count,
+    };
     tracing::warn!(
         run_id = %rs.id(),
         pipeline = %rs.pipeline.name,
@@ -125,7 +128,7 @@ pub(super) async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Res
     // Deferred: it rides in the run's next commit, which always comes before any
     // executor is called (a resume that gets no further is simply not counted).
     rs.defer(vec![
-        rs.ev("warn", "run_resumed", msg, fields),
+        rs.ev(event, msg),
         Write::MarkResumed {
             run_id: rs.id().to_string(),
             at: now,

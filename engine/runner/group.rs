@@ -3,13 +3,14 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::branch::{BranchEnd, BranchJob};
 use super::drive::{RunState, UnitOutcome, UnitResult};
 use super::records::{self, NewRecord};
 use super::Error;
 use crate::domain::{StepKind, StepStatus};
+use crate::events::Event;
 use crate::pipeline::{Action, FanOut, Gate, Join, Parallel};
 use crate::run::context::{self, ItemVars};
 use crate::run::flow::{self, FanOutItems};
@@ -79,14 +80,15 @@ pub(super) async fn parallel(
             rs.commit(vec![
                 Write::UpsertStep(rec.clone()),
                 rs.ev(
-                    "info",
-                    "parallel_group_started",
+                    Event::ParallelGroupStarted {
+                        group: p.name.clone(),
+                        branches: p.branches.len(),
+                    },
                     format!(
                         "Parallel group {} started: {} branch(es)",
                         p.name,
                         p.branches.len()
                     ),
-                    json!({"group": p.name, "branches": p.branches.len()}),
                 ),
             ])
             .await?;
@@ -95,16 +97,7 @@ pub(super) async fn parallel(
     };
     let ctx = context::to_template_value(rs.context(&p.name, None, None, None));
     let ctxs = vec![ctx; shape.branches.len()];
-    run_group(
-        rs,
-        i,
-        &shape,
-        plans,
-        ctxs,
-        &mut rec,
-        "parallel_group_completed",
-    )
-    .await
+    run_group(rs, i, &shape, plans, ctxs, &mut rec).await
 }
 
 pub(super) async fn fan_out(
@@ -139,7 +132,7 @@ pub(super) async fn fan_out(
             let decision = match items {
                 Ok(items) => flow::fan_out_items(&f.name, items, f.max_items, f.on_empty),
                 Err(reason) => FanOutItems::Fail {
-                    event: "fan_out_failed",
+                    empty: false,
                     reason,
                 },
             };
@@ -149,16 +142,17 @@ pub(super) async fn fan_out(
                     rs.commit(vec![
                         Write::UpsertStep(rec.clone()),
                         rs.ev(
-                            "info",
-                            "fan_out_started",
+                            Event::FanOutStarted {
+                                step: f.name.clone(),
+                                items: items.len(),
+                            },
                             format!("Fan-out {} started: {} item(s)", f.name, items.len()),
-                            json!({"step": f.name, "items": items.len()}),
                         ),
                     ])
                     .await?;
                     (vec![BranchPlan::NotStarted; items.len()], items)
                 }
-                FanOutItems::Empty { event } => {
+                FanOutItems::Empty { skipped } => {
                     let out = StepOutput::new(1.0, format!("Fan-out '{}': empty list", f.name));
                     records::finish(
                         &mut rec,
@@ -168,12 +162,13 @@ pub(super) async fn fan_out(
                         None,
                         rs.now(),
                     );
-                    let ev = rs.ev(
-                        "warn",
-                        event,
-                        format!("Fan-out {} had no items", f.name),
-                        json!({"step": f.name}),
-                    );
+                    let step = f.name.clone();
+                    let event = if skipped {
+                        Event::FanOutSkipped { step }
+                    } else {
+                        Event::FanOutEmpty { step }
+                    };
+                    let ev = rs.ev(event, format!("Fan-out {} had no items", f.name));
                     return Ok(done(
                         StepStatus::Completed,
                         out,
@@ -184,7 +179,7 @@ pub(super) async fn fan_out(
                         Usage::default(),
                     ));
                 }
-                FanOutItems::Fail { event, reason } => {
+                FanOutItems::Fail { empty, reason } => {
                     let out = StepOutput::failed(&reason);
                     records::finish(
                         &mut rec,
@@ -194,7 +189,13 @@ pub(super) async fn fan_out(
                         Some(reason.clone()),
                         rs.now(),
                     );
-                    let ev = rs.ev("error", event, reason.clone(), json!({"step": f.name}));
+                    let step = f.name.clone();
+                    let event = if empty {
+                        Event::FanOutEmptyAborted { step }
+                    } else {
+                        Event::FanOutFailed { step }
+                    };
+                    let ev = rs.ev(event, reason.clone());
                     return Ok(done(
                         StepStatus::Failed,
                         out,
@@ -237,7 +238,7 @@ pub(super) async fn fan_out(
             ))
         })
         .collect();
-    run_group(rs, i, &shape, plans, ctxs, &mut rec, "fan_out_completed").await
+    run_group(rs, i, &shape, plans, ctxs, &mut rec).await
 }
 
 fn done(
@@ -268,7 +269,6 @@ async fn run_group(
     plans: Vec<BranchPlan>,
     ctxs: Vec<minijinja::Value>,
     rec: &mut StepRecord,
-    completed_event: &str,
 ) -> Result<UnitOutcome, Error> {
     let n = shape.branches.len();
     let mut confidences: Vec<Option<(f64, bool)>> = vec![None; n];
@@ -390,19 +390,32 @@ async fn run_group(
     );
     let status = flow::gate(joined, true, shape.gate);
     records::finish(rec, status, &output, &Usage::default(), None, rs.now());
-    let level = if status == StepStatus::Completed {
-        "info"
+    let (step, group) = (shape.name.to_string(), shape.name.to_string());
+    let total = n;
+    let joined_event = if shape.kind == StepKind::FanOut {
+        Event::FanOutCompleted {
+            step,
+            group,
+            confidence: joined,
+            completed,
+            total,
+            status,
+        }
     } else {
-        "warn"
+        Event::ParallelGroupCompleted {
+            step,
+            group,
+            confidence: joined,
+            completed,
+            total,
+            status,
+        }
     };
-    let mut events = vec![rs.ev(level, completed_event, output.summary.clone(),
-        json!({"step": shape.name, "group": shape.name, "confidence": joined, "completed": completed, "total": n, "status": status.as_str()}))];
-    if status != StepStatus::Completed {
+    let mut events = vec![rs.ev(joined_event, output.summary.clone())];
+    if let Some(settled) = Event::group_settled(status, shape.name.to_string(), joined) {
         events.push(rs.ev(
-            "warn",
-            status.step_event(),
+            settled,
             format!("{} {} {}", shape.label, shape.name, status.as_str()),
-            json!({"step": shape.name, "confidence": joined}),
         ));
     }
     Ok(done(
@@ -478,10 +491,11 @@ fn escalate_group(
         events.push(Write::UpsertStep(b));
     }
     events.push(rs.ev(
-        "warn",
-        "resume_step_escalated",
+        Event::ResumeGroupEscalated {
+            step: shape.name.to_string(),
+            branches: paths,
+        },
         summary,
-        json!({"step": shape.name, "branches": paths}),
     ));
     records::finish(
         rec,
@@ -530,10 +544,11 @@ async fn timed_out(
         }
     }
     writes.push(rs.ev(
-        "error",
-        "branch_failed",
+        Event::GroupTimedOut {
+            group: shape.name.to_string(),
+            reason: "group_timeout".to_string(),
+        },
         reason.clone(),
-        json!({"group": shape.name, "reason": "group_timeout"}),
     ));
     let out = StepOutput::failed(&reason);
     records::finish(

@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::domain::{ApprovalStatus, RunStatus};
+use crate::events::Event;
 use crate::executor::Executors;
 use crate::pipeline::{Pipeline, PipelineSet};
 use crate::run::context::Normalised;
@@ -313,14 +314,16 @@ impl Engine {
             reason: None,
             final_output_json: None,
         };
-        let started = records::event(
+        let started = Event::RunStarted {
+            pipeline: pipeline.name.clone(),
+            source: trigger.source.clone(),
+            config_fingerprint: pipeline.fingerprint.clone(),
+            parent_run_id: record.parent_run_id.clone(),
+        }
+        .write(
             &id,
             now,
-            "info",
-            "run_started",
             format!("Run started for pipeline {}", pipeline.name),
-            serde_json::json!({"pipeline": pipeline.name, "source": trigger.source,
-                "config_fingerprint": pipeline.fingerprint, "parent_run_id": record.parent_run_id}),
         );
         let fresh = FreshRun {
             run: RunRecord {
@@ -630,22 +633,18 @@ impl Engine {
         let Some(a) = self.store.approval(token)? else {
             return Ok(Outcome::ApprovalUnknown);
         };
-        let ev = records::event(
+        let ev = Event::ApprovalDecided {
+            step: a.step_path.clone(),
+            token: token.to_string(),
+            decision: status,
+            by: by.to_string(),
+            via: decider.via.map(str::to_string),
+            client: decider.client.clone(),
+        }
+        .write(
             &a.run_id,
             now,
-            "info",
-            "approval_decided",
             format!("Approval for {} {status} by {by}", a.step_path),
-            {
-                let mut fields = serde_json::json!({"step": a.step_path, "token": token, "decision": status, "by": by});
-                if let Some(via) = decider.via {
-                    fields["via"] = via.into();
-                }
-                if let Some(client) = &decider.client {
-                    fields["client"] = client.as_str().into();
-                }
-                fields
-            },
         );
         let decide = Write::DecideApproval {
             token: token.to_string(),

@@ -22,10 +22,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::drive::RunState;
-use super::records::event;
 use super::step::CallFailure;
 use super::Engine;
 use crate::domain::{Channel, NotificationStatus, SendResult, StepStatus};
+use crate::events::Event;
 use crate::executor::{notify, Call, Outcome};
 use crate::pipeline::{Stage, Step};
 use crate::run::{context, StepOutput, Usage};
@@ -490,17 +490,49 @@ async fn mark(
         crate::telemetry::notification(&n.channel, SendResult::Sent.as_str());
     }
     let error = result.err().map(|f| f.message);
-    let (status, name) = match (&error, kind) {
-        (None, "failure_webhook") => (NotificationStatus::Sent, "step_failure_webhook_sent"),
-        (Some(_), "failure_webhook") => (NotificationStatus::Failed, "step_failure_webhook_failed"),
-        (None, _) => (NotificationStatus::Sent, "notification_sent"),
-        (Some(_), _) => (NotificationStatus::Failed, "notification_failed"),
+    let (action, channel, notification_id) = (n.action.clone(), n.channel.clone(), n.id.clone());
+    let webhook = kind == "failure_webhook";
+    let (status, event) = match (&error, webhook) {
+        (None, true) => (
+            NotificationStatus::Sent,
+            Event::StepFailureWebhookSent {
+                action,
+                channel,
+                notification_id,
+                error: None,
+            },
+        ),
+        (Some(_), true) => (
+            NotificationStatus::Failed,
+            Event::StepFailureWebhookFailed {
+                action,
+                channel,
+                notification_id,
+                error: error.clone(),
+            },
+        ),
+        (None, false) => (
+            NotificationStatus::Sent,
+            Event::NotificationSent {
+                action,
+                channel,
+                notification_id,
+                error: None,
+            },
+        ),
+        (Some(_), false) => (
+            NotificationStatus::Failed,
+            Event::NotificationFailed {
+                action,
+                channel,
+                notification_id,
+                error: error.clone(),
+            },
+        ),
     };
-    let ev = event(
+    let ev = event.write(
         &n.run_id,
         now,
-        if error.is_some() { "warn" } else { "info" },
-        name,
         format!(
             "{} via {}: {}",
             n.action,
@@ -509,7 +541,6 @@ async fn mark(
                 .clone()
                 .unwrap_or_else(|| SendResult::Sent.to_string())
         ),
-        json!({"action": n.action, "channel": n.channel, "notification_id": n.id, "error": error}),
     );
     let w = Write::MarkNotification {
         id: n.id.clone(),

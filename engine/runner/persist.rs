@@ -10,11 +10,9 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-
-use super::records::event;
 use super::{Engine, Error};
 use crate::domain::RunStatus;
+use crate::events::Event;
 use crate::store::{Outcome, Write};
 
 /// The first wait after a failed commit; it doubles up to [`MAX_BACKOFF`].
@@ -131,13 +129,15 @@ pub(super) async fn close_failed(engine: &Engine, run_id: &str, cause: &Error) {
             reason: Some(reason.clone()),
             final_output_json: None,
         },
-        event(
+        Event::RunFailedUnrecorded {
+            status: RunStatus::Failed,
+            terminal_step: None,
+            reason: reason.clone(),
+        }
+        .write(
             run_id,
             now,
-            "error",
-            "run_finished",
             format!("Pipeline finished: {}", RunStatus::Failed),
-            json!({"status": RunStatus::Failed, "terminal_step": null, "reason": reason}),
         ),
         Write::CloseApprovalsOfRun {
             run_id: run_id.to_string(),

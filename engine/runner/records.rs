@@ -1,31 +1,9 @@
 //! Builders for the rows the runner writes, so every call site fills them the same way.
 
-use serde_json::Value;
-
 use crate::domain::{StepKind, StepStatus};
 use crate::pipeline::Action;
 use crate::run::{StepOutput, Usage};
-use crate::store::{EventRecord, StepRecord, Write};
-
-/// A run-log event (SPEC 7) ready to commit.
-pub fn event(
-    run_id: &str,
-    ts: i64,
-    level: &str,
-    name: &str,
-    msg: impl Into<String>,
-    fields: Value,
-) -> Write {
-    Write::AppendEvent(EventRecord {
-        id: 0,
-        run_id: run_id.to_string(),
-        ts,
-        level: level.to_string(),
-        event: name.to_string(),
-        msg: msg.into(),
-        fields_json: fields.to_string(),
-    })
-}
+use crate::store::StepRecord;
 
 /// `<run_id>:<step path>:<iteration>` (SPEC 4).
 pub fn idempotency_key(run_id: &str, path: &str, iteration: u32) -> String {

@@ -17,12 +17,11 @@
 use std::sync::Arc;
 
 use rand::RngCore;
-use serde_json::json;
 
-use super::records::event;
 use super::step::{CallFailure, HumanMode};
 use super::Engine;
 use crate::domain::{ApprovalStatus, StepKind, StepStatus};
+use crate::events::Event;
 use crate::executor::{BoxFuture, Call, Outcome};
 use crate::store::{ApprovalRecord, Write};
 use wait::Waiting;
@@ -106,14 +105,13 @@ async fn rearm(
             call.step_path, a.status
         )
     };
-    let ev = event(
-        call.run_id,
-        now,
-        "warn",
-        "approval_rearmed",
-        msg,
-        json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "status": a.status}),
-    );
+    let ev = Event::ApprovalRearmed {
+        step: call.step_path.to_string(),
+        token: a.token.clone(),
+        deadline_at: crate::clock::rfc3339(a.deadline_at),
+        status: a.status,
+    }
+    .write(call.run_id, now, msg);
     let w = Waiting::of(&a);
     // The previous process chose a channel but never confirmed a send.
     let owed = delivery::undelivered(&a).then_some(a);
@@ -157,13 +155,16 @@ async fn create(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Result<Waiti
         delivery_json: None,
     };
     let url = delivery::page_url(&engine.config, &a.token);
-    let ev = event(
+    let ev = Event::ApprovalRequested {
+        step: call.step_path.to_string(),
+        token: a.token.clone(),
+        deadline_at: crate::clock::rfc3339(a.deadline_at),
+        url: url.clone(),
+    }
+    .write(
         call.run_id,
         now,
-        "info",
-        "approval_requested",
         format!("Approval requested for {}: {url}", call.step_path),
-        json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "url": url}),
     );
     crate::runner::persist::commit(
         engine,

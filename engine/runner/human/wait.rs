@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::super::records::event;
 use super::super::step::CallFailure;
 use super::super::Engine;
 use super::fail;
 use crate::domain::ApprovalStatus;
+use crate::events::Event;
 use crate::executor::{Call, Outcome};
 use crate::run::{StepOutput, Usage};
 use crate::store::{ApprovalRecord, Write};
@@ -181,16 +181,18 @@ async fn deadline(
     } else {
         ""
     };
-    let ev = event(
+    let ev = Event::ApprovalTimedOut {
+        step: call.step_path.to_string(),
+        token: w.token.clone(),
+        auto_approved: w.testing,
+    }
+    .write(
         call.run_id,
         now,
-        "warn",
-        "approval_timed_out",
         format!(
             "Approval for {} passed its deadline{suffix}",
             call.step_path
         ),
-        json!({"step": call.step_path, "token": w.token, "auto_approved": w.testing}),
     );
     let outcomes = crate::runner::persist::commit(engine, call.run_id, vec![decide, ev])
         .await
