@@ -248,7 +248,7 @@ words! {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn round_trips<T: Word + PartialEq + fmt::Debug>() {
@@ -283,6 +283,58 @@ mod tests {
             e.to_string(),
             "`done` is not a run status (expected one of: running, completed, stopped, \
              escalated, aborted, failed, interrupted, cancelled)"
+        );
+    }
+
+    /// Every `.rs` file under `engine/<dir>`, with its text up to its test module.
+    pub(crate) fn sources(dir: &str) -> Vec<(String, String)> {
+        fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for entry in std::fs::read_dir(dir).expect("a source folder").flatten() {
+                let path = entry.path();
+                if path.is_dir() && path.file_name().is_some_and(|n| n != "tests") {
+                    walk(&path, out);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    out.push(path);
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine");
+        let mut files = Vec::new();
+        walk(&root.join(dir), &mut files);
+        files
+            .into_iter()
+            .map(|f| {
+                let text = std::fs::read_to_string(&f).expect("a readable source file");
+                let code = match text.find("#[cfg(test)]") {
+                    Some(i) => text[..i].to_string(),
+                    None => text,
+                };
+                let name = f.strip_prefix(&root).unwrap_or(&f).display().to_string();
+                (name, code)
+            })
+            .collect()
+    }
+
+    /// The runner names statuses through these types only (the same check as
+    /// `grep -rn '"running"' engine/runner/`, for every word of every status).
+    #[test]
+    fn no_status_word_literal_in_the_runner() {
+        let mut words: Vec<&str> = Vec::new();
+        words.extend(RunStatus::ALL.iter().map(|w| w.as_str()));
+        words.extend(StepStatus::ALL.iter().map(|w| w.as_str()));
+        words.extend(ApprovalStatus::ALL.iter().map(|w| w.as_str()));
+        words.extend(NotificationStatus::ALL.iter().map(|w| w.as_str()));
+        let mut found = Vec::new();
+        for (file, code) in sources("runner") {
+            for w in &words {
+                if code.contains(&format!("\"{w}\"")) {
+                    found.push(format!("{file}: \"{w}\""));
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "status words written as literals; use the types of engine/domain.rs: {found:#?}"
         );
     }
 

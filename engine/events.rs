@@ -565,6 +565,31 @@ mod tests {
         );
     }
 
+    /// No event name is written outside this file (the same check as grepping
+    /// `engine/` for each name in quotes). `resume_attempts_exhausted` is also the
+    /// sweep's interruption reason, a metric label that happens to share the word.
+    #[test]
+    fn no_event_name_literal_outside_the_catalogue() {
+        let allowed = [("runner/sweep.rs", "resume_attempts_exhausted")];
+        let mut found = Vec::new();
+        for (file, code) in crate::domain::tests::sources("") {
+            if file == "events.rs" {
+                continue;
+            }
+            for spec in CATALOGUE {
+                let quoted = format!("\"{}\"", spec.name);
+                if code.contains(&quoted) && !allowed.contains(&(file.as_str(), spec.name)) {
+                    found.push(format!("{file}: {quoted}"));
+                }
+            }
+        }
+        found.dedup();
+        assert!(
+            found.is_empty(),
+            "event names written outside engine/events.rs; emit an Event instead: {found:#?}"
+        );
+    }
+
     #[test]
     fn every_variant_has_its_own_row() {
         let variants: BTreeSet<_> = CATALOGUE.iter().map(|s| s.variant).collect();
