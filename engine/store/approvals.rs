@@ -4,7 +4,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::connection::{query_all, query_opt, word_at, Cols};
 use super::{Error, Outcome, Store};
-use crate::domain::ApprovalStatus;
+use crate::domain::{ApprovalStatus, RunId, UnixMillis};
 
 /// A row of `pending_approvals`. `status` is one of `pending`, `approved`, `rejected`,
 /// `timeout`, `closed`; `delivery_json` records where the request was delivered (for
@@ -12,18 +12,18 @@ use crate::domain::ApprovalStatus;
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApprovalRecord {
     pub token: String,
-    pub run_id: String,
+    pub run_id: RunId,
     pub step_path: String,
     pub pipeline_name: String,
     pub message: String,
     pub team: Option<String>,
     pub stage: String,
     pub channel: Option<String>,
-    pub created_at: i64,
-    pub deadline_at: i64,
+    pub created_at: UnixMillis,
+    pub deadline_at: UnixMillis,
     pub status: ApprovalStatus,
     pub decided_by: Option<String>,
-    pub decided_at: Option<i64>,
+    pub decided_at: Option<UnixMillis>,
     pub delivery_json: Option<String>,
 }
 

@@ -8,7 +8,7 @@ use rusqlite::{params, Connection};
 
 use super::connection::{query_all, Cols};
 use super::{Error, Outcome, Store};
-use crate::domain::NotificationStatus;
+use crate::domain::{NotificationStatus, RunId, UnixMillis};
 
 /// A row of `notifications`. `id` is chosen by the caller deterministically (for
 /// example `<run_id>:<action>:<n>`) so that recording it again after a resume is a
@@ -16,13 +16,13 @@ use crate::domain::NotificationStatus;
 #[derive(Debug, Clone, PartialEq)]
 pub struct NotificationRecord {
     pub id: String,
-    pub run_id: String,
+    pub run_id: RunId,
     pub action: String,
     pub channel: String,
     pub message: String,
     pub status: NotificationStatus,
-    pub created_at: i64,
-    pub sent_at: Option<i64>,
+    pub created_at: UnixMillis,
+    pub sent_at: Option<UnixMillis>,
     pub error: Option<String>,
 }
 

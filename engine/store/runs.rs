@@ -4,20 +4,20 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::connection::{query_all, query_opt, word_at, Cols};
 use super::{Error, Outcome, Store};
-use crate::domain::RunStatus;
+use crate::domain::{RunId, RunStatus, UnixMillis};
 
 /// A row of `pipeline_runs`. JSON columns hold serialised JSON the store never parses.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
-    pub id: String,
+    pub id: RunId,
     pub pipeline_name: String,
     pub status: RunStatus,
     pub source: String,
     pub team: Option<String>,
     pub stage: String,
-    pub triggered_at: i64,
-    pub completed_at: Option<i64>,
-    pub resumed_at: Option<i64>,
+    pub triggered_at: UnixMillis,
+    pub completed_at: Option<UnixMillis>,
+    pub resumed_at: Option<UnixMillis>,
     pub resume_count: u32,
     pub config_fingerprint: String,
     pub parent_run_id: Option<String>,

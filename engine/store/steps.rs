@@ -5,13 +5,13 @@ use rusqlite::{params, Connection};
 
 use super::connection::{query_all, Cols};
 use super::{Error, Outcome, Store};
-use crate::domain::{StepKind, StepStatus};
+use crate::domain::{RunId, StepKind, StepStatus, UnixMillis};
 
 /// A row of `pipeline_steps`. `kind` is one of `step`, `parallel`, `branch`, `fan_out`,
 /// `fan_out_branch`; `items_json` is the fan-out item list, recorded when it starts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRecord {
-    pub run_id: String,
+    pub run_id: RunId,
     pub step_path: String,
     pub step_index: u32,
     pub kind: StepKind,
@@ -21,8 +21,8 @@ pub struct StepRecord {
     pub attempts: u32,
     pub iteration: u32,
     pub idempotency_key: String,
-    pub started_at: i64,
-    pub finished_at: Option<i64>,
+    pub started_at: UnixMillis,
+    pub finished_at: Option<UnixMillis>,
     pub duration_ms: Option<u64>,
     pub primary_confidence: Option<f64>,
     pub effective_confidence: Option<f64>,
