@@ -101,7 +101,7 @@ pub(super) fn record(
                 kind: "notification".into(),
                 // A testing pipeline never talks to the outside world.
                 channel: if testing {
-                    "log".into()
+                    Channel::Log.to_string()
                 } else {
                     n.channel.clone()
                 },
@@ -587,7 +587,7 @@ async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), Failur
             if resp.status().is_success() || d.kind == "failure_webhook" {
                 Ok(())
             } else {
-                Err(Failure::http("webhook", resp.status()))
+                Err(Failure::http(Channel::Webhook.as_str(), resp.status()))
             }
         }
         Some(Channel::Telegram) => {
@@ -609,7 +609,7 @@ async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), Failur
             if resp.status().is_success() {
                 Ok(())
             } else {
-                Err(Failure::http("telegram", resp.status()))
+                Err(Failure::http(Channel::Telegram.as_str(), resp.status()))
             }
         }
         Some(Channel::Page) | None => Err(Failure::permanent(format!(
