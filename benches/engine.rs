@@ -41,7 +41,7 @@ async fn run_one(engine: &Arc<Engine>, name: &str) -> String {
         panic!("run not created");
     };
     match engine.drive(&id, DriveMode::New).await {
-        Ok(RunEnd::Finished(s)) => s,
+        Ok(RunEnd::Finished(s)) => s.to_string(),
         other => panic!("run did not finish: {other:?}"),
     }
 }
@@ -80,7 +80,7 @@ fn main() {
         if std::env::var("BENCH_PROBE").is_ok() {
             let t = Instant::now();
             for i in 0..200 {
-                let ev = vectorstep::runner::records::event("x", 0, "info", "e", format!("{i}"), serde_json::json!({}));
+                let ev = vectorstep::events::Event::FanOutEmpty { step: "x".into() }.write("x", 0, format!("{i}"));
                 store.commit(vec![ev]).await.expect("commit");
             }
             println!("store.commit of one event: {:.3} ms each", ms(t.elapsed() / 200));

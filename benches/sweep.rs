@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use vectorstep::clock::SystemClock;
 use vectorstep::config::Config;
+use vectorstep::domain::{RunStatus, StepKind, StepStatus};
 use vectorstep::executor::Executors;
 use vectorstep::runner::{records, sweep, DriveMode, Engine};
 use vectorstep::store::{RunRecord, StepRecord, Store, Write};
@@ -42,7 +43,7 @@ fn main() {
         writes.push(Write::InsertRun(RunRecord {
             id: id.clone(),
             pipeline_name: "p".into(),
-            status: "running".into(),
+            status: RunStatus::Running,
             source: "bench".into(),
             team: None,
             stage: "production".into(),
@@ -68,14 +69,14 @@ fn main() {
                 run_id: &id,
                 path: &path,
                 index: records::step_index(s, None),
-                kind: "step",
+                kind: StepKind::Step,
                 action: None,
                 started_at: now,
                 attempt: 1,
                 iteration: 1,
             });
             if s < 2 {
-                rec.status = "completed".into();
+                rec.status = StepStatus::Completed;
                 rec.output_json = Some(format!(
                     r#"{{"confidence":0.9,"summary":"s{s}","next_step_context":""}}"#
                 ));
@@ -130,6 +131,6 @@ fn main() {
             (decided + spawned).as_secs_f64(),
             t.elapsed().as_secs_f64()
         );
-        assert_eq!(store.count_runs_with_status("completed").expect("count"), RUNS as u64);
+        assert_eq!(store.count_runs_with_status(RunStatus::Completed).expect("count"), RUNS as u64);
     });
 }

@@ -4,6 +4,10 @@ pub mod clock;
 pub mod config;
 pub mod decode;
 pub mod diag;
+/// The words of the run model (statuses, kinds, channels), each listed once.
+pub mod domain;
+/// The run-log event catalogue: every event's name, levels and fields.
+pub mod events;
 pub mod executor;
 pub mod http;
 pub mod intake;

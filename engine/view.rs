@@ -100,14 +100,10 @@ pub fn step_table(steps: &[StepRecord]) -> String {
         "COST".into(),
     ]];
     for s in steps {
-        let indent = if s.kind == "branch" || s.kind == "fan_out_branch" {
-            "  "
-        } else {
-            ""
-        };
+        let indent = if s.kind.is_branch() { "  " } else { "" };
         rows.push([
             format!("{indent}{}", s.step_path),
-            s.status.clone(),
+            s.status.to_string(),
             s.effective_confidence
                 .map(|c| format!("{c:.2}"))
                 .unwrap_or_else(|| "-".into()),

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
+use vectorstep::domain::{RunStatus, StepKind, StepStatus};
 use vectorstep::runner::records;
 use vectorstep::store::{RunRecord, Store, Write};
 
@@ -154,7 +155,7 @@ fn running_run(id: &str, pipeline: &str, fingerprint: &str) -> RunRecord {
     RunRecord {
         id: id.into(),
         pipeline_name: pipeline.into(),
-        status: "running".into(),
+        status: RunStatus::Running,
         source: "test".into(),
         team: None,
         stage: "production".into(),
@@ -191,7 +192,7 @@ fn sweep_dry_run_explains_and_changes_nothing() {
             Write::InsertRun(running_run("r-plain", "plain", &fp_plain)),
             Write::InsertRun(running_run("r-changed", "dur", "0000")),
         ];
-        for (i, (path, status)) in [("a", "completed"), ("b", "running")]
+        for (i, (path, status)) in [("a", StepStatus::Completed), ("b", StepStatus::Running)]
             .into_iter()
             .enumerate()
         {
@@ -199,13 +200,13 @@ fn sweep_dry_run_explains_and_changes_nothing() {
                 run_id: "r-dur",
                 path,
                 index: records::step_index(i, None),
-                kind: "step",
+                kind: StepKind::Step,
                 action: None,
                 started_at: 0,
                 attempt: 1,
                 iteration: 1,
             });
-            rec.status = status.into();
+            rec.status = status;
             writes.push(Write::UpsertStep(rec));
         }
         store.commit_blocking(writes).unwrap();

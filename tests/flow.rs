@@ -78,7 +78,7 @@ impl Ran {
     fn step_list(&self) -> Vec<(String, String)> {
         self.steps
             .iter()
-            .map(|s| (s.step_path.clone(), s.status.clone()))
+            .map(|s| (s.step_path.clone(), s.status.to_string()))
             .collect()
     }
 
@@ -155,7 +155,7 @@ async fn run_pipelines(pipelines: &[&str], labels: &[(&str, &str)]) -> Ran {
     };
     let end = engine.drive(&id, DriveMode::New).await.unwrap();
     let run = store.run(&id).unwrap().unwrap();
-    assert_eq!(end, RunEnd::Finished(run.status.clone()));
+    assert_eq!(end, RunEnd::Finished(run.status));
     Ran {
         steps: store.steps(&id).unwrap(),
         events: store.events(&id).unwrap(),
@@ -1529,7 +1529,7 @@ async fn sub_pipeline_child_status_decides() {
         .steps(&child.id)
         .unwrap()
         .into_iter()
-        .map(|s| (s.step_path, s.status))
+        .map(|s| (s.step_path, s.status.to_string()))
         .collect();
     assert_eq!(
         child_steps,

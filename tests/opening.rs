@@ -8,6 +8,7 @@ mod common;
 use common::engine_support;
 
 use engine_support::{create, engine_with};
+use vectorstep::domain::RunStatus;
 use vectorstep::runner::{Created, DriveMode, RunEnd};
 use vectorstep::store::Store;
 
@@ -59,7 +60,7 @@ async fn the_first_step_is_recorded_with_the_run_and_runs_once() {
     assert_eq!(event_names(store, &id), ["run_started", "step_started"]);
 
     let end = engine.drive(&id, DriveMode::New).await.expect("drive");
-    assert_eq!(end, RunEnd::Finished("completed".into()));
+    assert_eq!(end, RunEnd::Finished(RunStatus::Completed));
     let names = event_names(store, &id);
     let started: Vec<_> = names.iter().filter(|n| *n == "step_started").collect();
     assert_eq!(started.len(), 2, "one per step: {names:?}");
@@ -94,7 +95,7 @@ async fn a_deduplicated_run_and_a_guarded_first_step_record_no_step() {
     };
     assert!(store.steps(&guarded).expect("steps").is_empty());
     let end = engine.drive(&guarded, DriveMode::New).await.expect("drive");
-    assert_eq!(end, RunEnd::Finished("completed".into()));
+    assert_eq!(end, RunEnd::Finished(RunStatus::Completed));
     assert_eq!(store.steps(&guarded).expect("steps")[0].status, "skipped");
 }
 
@@ -107,7 +108,7 @@ async fn a_cancel_before_the_driver_starts_stops_after_the_recorded_step() {
     };
     engine.cancel(&id);
     let end = engine.drive(&id, DriveMode::New).await.expect("drive");
-    assert_eq!(end, RunEnd::Finished("cancelled".into()));
+    assert_eq!(end, RunEnd::Finished(RunStatus::Cancelled));
     let steps = store.steps(&id).expect("steps");
     assert_eq!(
         steps

@@ -10,6 +10,7 @@ use common::engine_support;
 use std::time::{Duration, Instant};
 
 use engine_support::Scratch;
+use vectorstep::domain::{ApprovalStatus, RunStatus};
 use vectorstep::runner::{Created, DriveMode, RunEnd};
 use vectorstep::store::{Outcome, Store};
 
@@ -64,7 +65,7 @@ fn status(s: &Scratch, id: &str) -> String {
         .run(id)
         .ok()
         .flatten()
-        .map(|r| r.status)
+        .map(|r| r.status.to_string())
         .unwrap_or_default()
 }
 
@@ -122,7 +123,7 @@ async fn a_human_step_with_retry_waits_in_its_task() {
         .expect("driver ends")
         .expect("task")
         .expect("drive");
-    assert_eq!(end, RunEnd::Finished("completed".into()));
+    assert_eq!(end, RunEnd::Finished(RunStatus::Completed));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,7 +148,7 @@ async fn a_decision_written_by_another_process_unparks_the_run() {
     let out = other
         .commit(vec![vectorstep::store::Write::DecideApproval {
             token: token.clone(),
-            status: "approved".into(),
+            status: ApprovalStatus::Approved,
             by: Some("elsewhere".into()),
             at: s.engine.now_ms(),
         }])

@@ -196,15 +196,24 @@ async fn what_the_engine_keeps_per_run_is_dropped_when_the_run_ends() {
         let id = create(&s, "plain").await;
         s.engine.cancel(&id);
         let end = s.engine.drive(&id, DriveMode::New).await.expect("drive");
-        assert_eq!(end, RunEnd::Finished("cancelled".into()));
+        assert_eq!(
+            end,
+            RunEnd::Finished(vectorstep::domain::RunStatus::Cancelled)
+        );
     }
     for (_, d) in drivers {
         let end = d.await.expect("task").expect("drive");
-        assert_eq!(end, RunEnd::Finished("completed".into()));
+        assert_eq!(
+            end,
+            RunEnd::Finished(vectorstep::domain::RunStatus::Completed)
+        );
     }
     for (_, d) in cancelled {
         let end = d.await.expect("task").expect("drive");
-        assert_eq!(end, RunEnd::Finished("cancelled".into()));
+        assert_eq!(
+            end,
+            RunEnd::Finished(vectorstep::domain::RunStatus::Cancelled)
+        );
     }
     assert_eq!(s.engine.active_runs(), 0);
     assert_eq!(s.engine.retained_sizes(), RetainedSizes::default());

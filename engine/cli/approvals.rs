@@ -2,6 +2,7 @@
 //! HTTP API, so the waiting run wakes at once and the first decision wins.
 
 use serde_json::{json, Value};
+use vectorstep::domain::ApprovalStatus;
 
 use super::{load_config, Cli};
 
@@ -124,7 +125,12 @@ pub fn decide(
         200 => {
             // With an operator token the server records the operator, not `--by`.
             let by = body.get("by").and_then(Value::as_str).unwrap_or(&by);
-            println!("{} by {by}", if approve { "approved" } else { "rejected" });
+            let verdict = if approve {
+                ApprovalStatus::Approved
+            } else {
+                ApprovalStatus::Rejected
+            };
+            println!("{verdict} by {by}");
             Ok(0)
         }
         404 => anyhow::bail!("unknown approval token {token}"),

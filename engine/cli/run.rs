@@ -7,14 +7,15 @@ use std::time::Duration;
 use std::io::IsTerminal;
 
 use anyhow::Context;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::validate::{find_pipeline, load_pipelines};
 use super::{load_config, Cli};
 use vectorstep::clock::{rfc3339, Clock, SystemClock};
 use vectorstep::config::Config;
+use vectorstep::domain::{ApprovalStatus, RunStatus, StepStatus};
+use vectorstep::events::Event;
 use vectorstep::executor::Executors;
-use vectorstep::runner::records::event;
 use vectorstep::runner::{sweep, Created, Engine, RunEnd};
 use vectorstep::store::lock::OwnerLock;
 use vectorstep::store::{RunFilter, Store, Write};
@@ -103,7 +104,7 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
         let status = match end {
             RunEnd::Finished(s) => s,
             // `run` never enables parking, so Parked cannot come back here.
-            RunEnd::Drained | RunEnd::Parked => "running".into(),
+            RunEnd::Drained | RunEnd::Parked => RunStatus::Running,
         };
         let run = store.run(&run_id)?.ok_or_else(|| anyhow::anyhow!("run {run_id} vanished"))?;
         let steps = store.steps(&run_id)?;
@@ -114,12 +115,12 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
             print!("{}", view::step_table(&steps));
             println!();
             println!("run {run_id} ({}) finished: {status}", run.pipeline_name);
-            if let Some(reason) = run.reason.as_deref().filter(|_| status != "completed") {
+            if let Some(reason) = run.reason.as_deref().filter(|_| status != RunStatus::Completed) {
                 println!("reason: {reason}");
             }
             println!("tokens: {}  cost: ${:.4}", run.tokens_used, run.cost_usd);
         }
-        Ok(if status == "completed" || status == "stopped" { 0 } else { 2 })
+        Ok(if status.is_success() { 0 } else { 2 })
     });
     // Tasks an abandoned run left behind stop here, and the store's writer drains;
     // a terminal prompt still reading stdin does not hold the exit back.
@@ -230,7 +231,7 @@ async fn drive_until_signal(
         .store
         .run(run_id)?
         .map(|r| r.status)
-        .unwrap_or_else(|| "cancelled".into());
+        .unwrap_or(RunStatus::Cancelled);
     Ok(RunEnd::Finished(status))
 }
 
@@ -258,11 +259,11 @@ fn cancel_as_it_stands(
     let mut writes = Vec::new();
     let mut in_flight = Vec::new();
     for mut step in engine.store.steps(run_id)? {
-        if step.status != "running" {
+        if step.status != StepStatus::Running {
             continue;
         }
         in_flight.push(step.step_path.clone());
-        step.status = "failed".into();
+        step.status = StepStatus::Failed;
         step.finished_at = Some(now);
         step.duration_ms = u64::try_from(now - step.started_at).ok();
         step.error = Some(format!(
@@ -271,25 +272,32 @@ fn cancel_as_it_stands(
         writes.push(Write::UpsertStep(step));
     }
     let reason = format!("cancelled by {signal}");
-    writes.push(event(
-        run_id,
-        now,
-        "warn",
-        "run_cancelled",
-        format!("Run cancelled by {signal}; in flight: {in_flight:?}"),
-        json!({"signal": signal, "in_flight": in_flight}),
-    ));
-    writes.push(event(
-        run_id,
-        now,
-        "warn",
-        "run_finished",
-        "Pipeline finished: cancelled",
-        json!({"status": "cancelled", "terminal_step": in_flight.first(), "reason": reason}),
-    ));
+    writes.push(
+        Event::RunCancelledBySignal {
+            signal: signal.to_string(),
+            in_flight: in_flight.clone(),
+        }
+        .write(
+            run_id,
+            now,
+            format!("Run cancelled by {signal}; in flight: {in_flight:?}"),
+        ),
+    );
+    writes.push(
+        Event::RunFinished {
+            status: RunStatus::Cancelled,
+            terminal_step: in_flight.first().cloned(),
+            reason: Some(reason.clone()),
+        }
+        .write(
+            run_id,
+            now,
+            format!("Pipeline finished: {}", RunStatus::Cancelled),
+        ),
+    );
     writes.push(Write::FinishRun {
         run_id: run_id.to_string(),
-        status: "cancelled".into(),
+        status: RunStatus::Cancelled,
         completed_at: now,
         terminal_step: in_flight.first().cloned(),
         reason: Some(reason),
@@ -429,8 +437,10 @@ pub fn sweep_dry_run(cli: &Cli) -> anyhow::Result<i32> {
             }
             sweep::Decision::Interrupt { event, message, .. } => {
                 println!(
-                    "{}  {}  {adopt}interrupt ({event}): {message}",
-                    run.id, run.pipeline_name
+                    "{}  {}  {adopt}interrupt ({}): {message}",
+                    run.id,
+                    run.pipeline_name,
+                    event.name()
                 );
             }
         }
@@ -446,7 +456,10 @@ async fn answer_on_terminal(engine: Arc<Engine>, run_id: String) {
         let Ok(list) = engine.store.approvals_of_run(&run_id) else {
             continue;
         };
-        for a in list.into_iter().filter(|a| a.status == "pending") {
+        for a in list
+            .into_iter()
+            .filter(|a| a.status == ApprovalStatus::Pending)
+        {
             if !asked.insert(a.token.clone()) {
                 continue;
             }

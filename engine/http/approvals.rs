@@ -13,6 +13,7 @@ use axum::{Extension, Json};
 use serde_json::{json, Value};
 
 use super::{ApiError, AppState, Principal};
+use crate::domain::ApprovalStatus;
 use crate::runner::Decider;
 use crate::store::Outcome;
 
@@ -35,7 +36,10 @@ fn approval_json(a: &crate::store::ApprovalRecord) -> Value {
 }
 
 pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, ApiError> {
-    let pending = state.engine.store.approvals_with_status("pending")?;
+    let pending = state
+        .engine
+        .store
+        .approvals_with_status(ApprovalStatus::Pending)?;
     Ok(Json(
         json!({"approvals": pending.iter().map(approval_json).collect::<Vec<_>>()}),
     ))
@@ -119,10 +123,10 @@ pub async fn page(State(state): State<Arc<AppState>>, Path(token): Path<String>)
         s = escape(&a.step_path),
         m = a.message,
     );
-    if a.status != "pending" {
+    if a.status != ApprovalStatus::Pending {
         body.push_str(&format!(
             "<p>Decided: <b>{}</b> by {}.</p>",
-            escape(&a.status),
+            escape(a.status.as_str()),
             escape(a.decided_by.as_deref().unwrap_or("?"))
         ));
         return page_html(StatusCode::OK, "Approval decided", &body);
@@ -293,7 +297,11 @@ pub async fn decide(
         .engine
         .decide_approval_by(&token, approve, &decider)
         .await?;
-    let verdict = if approve { "approved" } else { "rejected" };
+    let verdict = if approve {
+        ApprovalStatus::Approved
+    } else {
+        ApprovalStatus::Rejected
+    };
     if is_form {
         return Ok(match outcome {
             Outcome::ApprovalDecided => page_html(
@@ -309,7 +317,7 @@ pub async fn decide(
                 "Already decided",
                 &format!(
                     "<p>This request was already {}; your decision was not recorded.</p>",
-                    escape(&status)
+                    escape(status.as_str())
                 ),
             ),
             _ => unknown_page(),

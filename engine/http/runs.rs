@@ -9,6 +9,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::{ApiError, AppState};
+use crate::domain::RunStatus;
 use crate::store::RunFilter;
 use crate::view;
 
@@ -78,7 +79,7 @@ pub async fn cancel(
     let Some(run) = state.engine.store.run(&id)? else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "run not found"));
     };
-    if run.status != "running" {
+    if run.status != RunStatus::Running {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("run is already {}", run.status),

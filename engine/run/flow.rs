@@ -7,68 +7,22 @@ use serde_json::Value;
 
 use crate::pipeline::{Backoff, Budget, Gate, Join, LowConfidence, OnEmpty, Retry};
 
-/// The status a unit (step, group, fan-out) ends with. Values match SPEC 5.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnitStatus {
-    Completed,
-    Stopped,
-    Escalated,
-    Aborted,
-    Failed,
-    Skipped,
-}
-
-impl UnitStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UnitStatus::Completed => "completed",
-            UnitStatus::Stopped => "stopped",
-            UnitStatus::Escalated => "escalated",
-            UnitStatus::Aborted => "aborted",
-            UnitStatus::Failed => "failed",
-            UnitStatus::Skipped => "skipped",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<UnitStatus> {
-        Some(match s {
-            "completed" => UnitStatus::Completed,
-            "stopped" => UnitStatus::Stopped,
-            "escalated" => UnitStatus::Escalated,
-            "aborted" => UnitStatus::Aborted,
-            "failed" => UnitStatus::Failed,
-            "skipped" => UnitStatus::Skipped,
-            _ => return None,
-        })
-    }
-
-    /// The run-log event for a plain step ending this way.
-    pub fn step_event(self) -> &'static str {
-        match self {
-            UnitStatus::Completed => "step_completed",
-            UnitStatus::Stopped => "step_stopped",
-            UnitStatus::Escalated => "step_escalated",
-            UnitStatus::Aborted => "step_aborted",
-            UnitStatus::Failed => "step_failed",
-            UnitStatus::Skipped => "step_skipped",
-        }
-    }
-}
+pub use crate::domain::StepStatus;
 
 /// Applies the confidence gate (strictly below the threshold triggers it), then
 /// `proceed: false`. A low-confidence escalate or abort wins over `proceed: false`.
-pub fn gate(confidence: f64, proceed: bool, gate: &Gate) -> UnitStatus {
+pub fn gate(confidence: f64, proceed: bool, gate: &Gate) -> StepStatus {
     if confidence < gate.confidence_threshold {
         match gate.on_low_confidence {
-            LowConfidence::Escalate => return UnitStatus::Escalated,
-            LowConfidence::Abort => return UnitStatus::Aborted,
+            LowConfidence::Escalate => return StepStatus::Escalated,
+            LowConfidence::Abort => return StepStatus::Aborted,
             LowConfidence::Proceed => {}
         }
     }
     if !proceed {
-        return UnitStatus::Stopped;
+        return StepStatus::Stopped;
     }
-    UnitStatus::Completed
+    StepStatus::Completed
 }
 
 /// Joins branch confidences (failed branches count as 0.0) in declaration order.
@@ -140,13 +94,14 @@ fn thousands(n: u64) -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub enum FanOutItems {
     Run(Vec<Value>),
-    /// Empty list: the fan-out completes (or skips) with confidence 1.0.
+    /// Empty list: the fan-out completes (`skipped` with `on_empty: skip`) with
+    /// confidence 1.0.
     Empty {
-        event: &'static str,
+        skipped: bool,
     },
-    /// Empty with `on_empty: abort`, too many items, or an unusable `over`.
+    /// Empty with `on_empty: abort` (`empty`), too many items, or an unusable `over`.
     Fail {
-        event: &'static str,
+        empty: bool,
         reason: String,
     },
 }
@@ -261,20 +216,16 @@ pub fn fan_out_items(
     if items.is_empty() {
         return match on_empty {
             OnEmpty::Abort => FanOutItems::Fail {
-                event: "fan_out_empty",
+                empty: true,
                 reason: format!("Fan-out '{name}': empty list — on_empty=abort"),
             },
-            OnEmpty::Skip => FanOutItems::Empty {
-                event: "fan_out_skipped",
-            },
-            OnEmpty::Complete => FanOutItems::Empty {
-                event: "fan_out_empty",
-            },
+            OnEmpty::Skip => FanOutItems::Empty { skipped: true },
+            OnEmpty::Complete => FanOutItems::Empty { skipped: false },
         };
     }
     if items.len() > max_items {
         return FanOutItems::Fail {
-            event: "fan_out_failed",
+            empty: false,
             reason: format!(
                 "Fan-out '{name}': {} items exceeds max_items={max_items}",
                 items.len()
@@ -300,7 +251,7 @@ mod tests {
     #[test]
     fn gate_table() {
         use LowConfidence::*;
-        use UnitStatus::*;
+        use StepStatus::*;
         let cases = [
             (0.8, true, g(0.75, Escalate), Completed),
             (0.75, true, g(0.75, Escalate), Completed), // strictly below only
@@ -390,27 +341,20 @@ mod tests {
     fn fan_out_modes() {
         assert_eq!(
             fan_out_items("fo", vec![], 5, OnEmpty::Skip),
-            FanOutItems::Empty {
-                event: "fan_out_skipped"
-            }
+            FanOutItems::Empty { skipped: true }
         );
         assert_eq!(
             fan_out_items("fo", vec![], 5, OnEmpty::Complete),
-            FanOutItems::Empty {
-                event: "fan_out_empty"
-            }
+            FanOutItems::Empty { skipped: false }
         );
         assert!(matches!(
             fan_out_items("fo", vec![], 5, OnEmpty::Abort),
-            FanOutItems::Fail { .. }
+            FanOutItems::Fail { empty: true, .. }
         ));
         let three = vec![json!(1), json!(2), json!(3)];
         assert!(matches!(
             fan_out_items("fo", three.clone(), 2, OnEmpty::Complete),
-            FanOutItems::Fail {
-                event: "fan_out_failed",
-                ..
-            }
+            FanOutItems::Fail { empty: false, .. }
         ));
         assert_eq!(
             fan_out_items("fo", three.clone(), 3, OnEmpty::Complete),

@@ -6,8 +6,8 @@
 
 use serde_json::Value;
 
-use super::flow::UnitStatus;
 use super::output::Usage;
+use crate::domain::StepStatus;
 use crate::pipeline::{Entry, OnInterrupted, Pipeline};
 use crate::store::StepRecord;
 
@@ -25,7 +25,7 @@ pub enum InFlight {
 pub enum BranchPlan {
     NotStarted,
     Kept {
-        status: String,
+        status: StepStatus,
         output: Value,
         weight_index: usize,
     },
@@ -40,12 +40,12 @@ pub enum UnitPlan {
     NotStarted,
     /// Finished without ending the run (completed, skipped, failed + continue).
     Kept {
-        status: UnitStatus,
+        status: StepStatus,
         output: Option<Value>,
     },
     /// Finished and ended the run, but the run was not closed: close it now.
     Terminal {
-        status: UnitStatus,
+        status: StepStatus,
         output: Option<Value>,
         reason: Option<String>,
     },
@@ -124,8 +124,8 @@ pub fn plan(pipeline: &Pipeline, records: &[StepRecord]) -> ResumePlan {
             plan.units.push(UnitPlan::NotStarted);
             continue;
         };
-        let unit = match rec.status.as_str() {
-            "running" => match entry {
+        let unit = match rec.status {
+            StepStatus::Running => match entry {
                 Entry::Step(_) => {
                     plan.in_flight.push(name.to_string());
                     UnitPlan::InFlight(in_flight(policy, rec))
@@ -149,13 +149,12 @@ pub fn plan(pipeline: &Pipeline, records: &[StepRecord]) -> ResumePlan {
                     group(&mut plan, policy, &paths, &find, items)
                 }
             },
-            "waiting" => UnitPlan::Waiting,
+            StepStatus::Waiting => UnitPlan::Waiting,
             status => {
-                let status = UnitStatus::parse(status).unwrap_or(UnitStatus::Failed);
                 let output = output_of(rec);
                 let continues = match (status, entry) {
-                    (UnitStatus::Completed | UnitStatus::Skipped, _) => true,
-                    (UnitStatus::Failed, Entry::Step(s)) => s.on_failure.continue_run,
+                    (StepStatus::Completed | StepStatus::Skipped, _) => true,
+                    (StepStatus::Failed, Entry::Step(s)) => s.on_failure.continue_run,
                     _ => false,
                 };
                 if continues {
@@ -186,15 +185,15 @@ fn group<'a>(
     for (i, path) in paths.iter().enumerate() {
         let b = match find(path) {
             None => BranchPlan::NotStarted,
-            Some(r) if r.status == "running" => {
+            Some(r) if r.status == StepStatus::Running => {
                 plan.in_flight.push(path.clone());
                 BranchPlan::InFlight(in_flight(policy, r))
             }
-            Some(r) if r.status == "waiting" => BranchPlan::Waiting,
+            Some(r) if r.status == StepStatus::Waiting => BranchPlan::Waiting,
             Some(r) => {
                 plan.branches_skipped += 1;
                 BranchPlan::Kept {
-                    status: r.status.clone(),
+                    status: r.status,
                     output: output_of(r).unwrap_or(Value::Null),
                     weight_index: i,
                 }
@@ -229,10 +228,10 @@ mod tests {
             run_id: "r".into(),
             step_path: path.into(),
             step_index: 0,
-            kind: "step".into(),
+            kind: crate::domain::StepKind::Step,
             executor: "mock".into(),
             agent: None,
-            status: status.into(),
+            status: StepStatus::parse(status).expect("a step status"),
             attempts,
             iteration: 1,
             idempotency_key: format!("r:{path}:1"),
@@ -420,7 +419,7 @@ mod tests {
 
         // The fan-out's item list comes from its record, not from re-rendering `over`.
         let mut records = records.clone();
-        records[2].status = "completed".into();
+        records[2].status = StepStatus::Completed;
         records.push(fo);
         records.push(rec("fo/1", "completed", 1));
         let plan = super::plan(&shapes("rerun"), &records);

@@ -4,11 +4,13 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::records::{self, NewRecord};
 use super::step::{call_once, CallFailure, CallSpec, HumanMode};
 use super::{Engine, Error};
+use crate::domain::{StepKind, StepStatus};
+use crate::events::Event;
 use crate::pipeline::{Action, Pipeline};
 use crate::run::{StepOutput, Usage};
 use crate::store::Write;
@@ -21,7 +23,7 @@ pub(super) struct BranchJob {
     pub(super) group: String,
     pub(super) path: String,
     pub(super) index: u32,
-    pub(super) kind: &'static str,
+    pub(super) kind: StepKind,
     pub(super) action: Action,
     pub(super) ctx: minijinja::Value,
     pub(super) attempt: u32,
@@ -76,29 +78,35 @@ impl BranchJob {
         .await;
         let now = self.engine.now_ms();
         let (status, output, usage, error) = match result {
-            Ok(o) => ("completed", o.output, o.usage, None),
+            Ok(o) => (StepStatus::Completed, o.output, o.usage, None),
             // Parked cannot happen (parking is off above); leave it for a restart.
             Err(CallFailure::Drained | CallFailure::Parked) => return Ok(BranchEnd::Drained),
             Err(CallFailure::Error(msg)) => {
                 let mut out = StepOutput::failed(&msg);
-                out.extra.insert("failed".into(), Value::Bool(true));
-                ("failed", out, Usage::default(), Some(msg))
+                out.extra
+                    .insert(StepStatus::Failed.to_string(), Value::Bool(true));
+                (StepStatus::Failed, out, Usage::default(), Some(msg))
             }
         };
         records::finish(&mut rec, status, &output, &usage, error.clone(), now);
-        let (name, level) = if error.is_none() {
-            ("branch_completed", "info")
+        let (branch, group, confidence) =
+            (self.path.clone(), self.group.clone(), output.confidence);
+        let event = if error.is_none() {
+            Event::BranchCompleted {
+                branch,
+                group,
+                confidence,
+                error: None,
+            }
         } else {
-            ("branch_failed", "warn")
+            Event::BranchFailed {
+                branch,
+                group,
+                confidence,
+                error: error.clone(),
+            }
         };
-        let ev = records::event(
-            &self.run_id,
-            now,
-            level,
-            name,
-            format!("Branch {} {status}", self.path),
-            json!({"branch": self.path, "group": self.group, "confidence": output.confidence, "error": error}),
-        );
+        let ev = event.write(&self.run_id, now, format!("Branch {} {status}", self.path));
         super::persist::commit(&self.engine, &self.run_id, vec![Write::UpsertStep(rec), ev])
             .await?;
         Ok(BranchEnd::Done(BranchDone {

@@ -3,21 +3,23 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::ending::{announce_resume, close_terminal, finish};
-use super::records::{self, event};
+use super::records;
 use super::{outbox, DriveMode, Engine, Error, RunEnd};
+use crate::domain::{RunStatus, StepKind, StepStatus};
+use crate::events::Event;
 use crate::pipeline::{Entry, Pipeline};
 use crate::run::context::{self, ContextInput, ItemVars, LoopVars, Normalised, Outputs};
-use crate::run::flow::{self, UnitStatus};
+use crate::run::flow;
 use crate::run::plan::{self, InFlight, UnitPlan};
 use crate::run::{StepOutput, Usage};
 use crate::store::{RunRecord, StepRecord, Write};
 
 /// The finished state of one unit, not yet committed.
 pub(super) struct UnitResult {
-    pub status: UnitStatus,
+    pub status: StepStatus,
     pub output: StepOutput,
     /// Usage spent by this process on the unit (kept branches are already counted).
     pub usage: Usage,
@@ -75,8 +77,9 @@ impl RunState {
         self.engine.now_ms()
     }
 
-    pub fn ev(&self, level: &str, name: &str, msg: impl Into<String>, fields: Value) -> Write {
-        event(&self.run.id, self.now(), level, name, msg, fields)
+    /// A run-log event of this run, stamped now.
+    pub fn ev(&self, event: Event, msg: impl Into<String>) -> Write {
+        event.write(&self.run.id, self.now(), msg)
     }
 
     /// Commits `writes` together with any deferred ones, waiting out a store that
@@ -142,7 +145,7 @@ pub(super) async fn drive(
             let run = super::persist::read(&engine, &run_id, || engine.store.run(&run_id))
                 .await?
                 .ok_or_else(|| Error::UnknownRun(run_id.clone()))?;
-            if run.status != "running" {
+            if run.status != RunStatus::Running {
                 return Ok(RunEnd::Finished(run.status));
             }
             let trigger: Normalised =
@@ -166,7 +169,7 @@ pub(super) async fn drive(
     let unparked = match mode {
         DriveMode::Unpark => stored
             .iter()
-            .filter(|r| r.status == "waiting")
+            .filter(|r| r.status == StepStatus::Waiting)
             .map(|r| (r.step_path.clone(), r.started_at))
             .collect(),
         _ => Default::default(),
@@ -197,12 +200,20 @@ pub(super) async fn drive(
         let in_flight = i == 0 && rs.opened.is_some();
         if engine.is_cancelled(rs.id()) && !in_flight {
             let w = vec![rs.ev(
-                "warn",
-                "run_cancelled",
+                Event::RunCancelledAtBoundary {
+                    before_step: entry.name().to_string(),
+                    by: engine.cancelled_by(rs.id()),
+                },
                 "Run cancelled at a step boundary.",
-                json!({"before_step": entry.name(), "by": engine.cancelled_by(rs.id())}),
             )];
-            return finish(&mut rs, "cancelled", None, Some("cancelled".into()), w).await;
+            return finish(
+                &mut rs,
+                RunStatus::Cancelled,
+                None,
+                Some(RunStatus::Cancelled.to_string()),
+                w,
+            )
+            .await;
         }
         if engine.is_shutting_down() && !in_flight {
             rs.flush().await?;
@@ -268,16 +279,17 @@ pub(super) async fn drive(
             let mut w = vec![Write::UpsertStep(result.record)];
             w.extend(result.events);
             w.push(rs.ev(
-                "warn",
-                "run_cancelled",
+                Event::RunCancelledDuringStep {
+                    step: entry.name().to_string(),
+                    by: engine.cancelled_by(rs.id()),
+                },
                 format!("Run cancelled during {}", entry.name()),
-                json!({"step": entry.name(), "by": engine.cancelled_by(rs.id())}),
             ));
             return finish(
                 &mut rs,
-                "cancelled",
+                RunStatus::Cancelled,
                 Some(entry.name()),
-                Some("cancelled".into()),
+                Some(RunStatus::Cancelled.to_string()),
                 w,
             )
             .await;
@@ -288,7 +300,7 @@ pub(super) async fn drive(
             return Ok(end);
         }
     }
-    finish(&mut rs, "completed", None, None, Vec::new()).await
+    finish(&mut rs, RunStatus::Completed, None, None, Vec::new()).await
 }
 
 type GroupPlan = (Vec<plan::BranchPlan>, Option<Vec<Value>>);
@@ -342,38 +354,33 @@ async fn skip(
         attempt: 0,
         iteration: 0,
     });
-    rec.status = "skipped".into();
+    rec.status = StepStatus::Skipped;
     rec.finished_at = Some(now);
     rec.duration_ms = Some(0);
-    let (level, msg) = match &error {
-        None => (
-            "info",
-            format!("Step skipped: `when` is false for {}", entry.name()),
-        ),
-        Some(e) => (
-            "warn",
-            format!(
-                "Step skipped: `when` of {} could not be evaluated: {e}",
-                entry.name()
-            ),
+    let msg = match &error {
+        None => format!("Step skipped: `when` is false for {}", entry.name()),
+        Some(e) => format!(
+            "Step skipped: `when` of {} could not be evaluated: {e}",
+            entry.name()
         ),
     };
     rec.error = error.clone();
     let ev = rs.ev(
-        level,
-        "step_skipped",
+        Event::StepSkipped {
+            step: entry.name().to_string(),
+            when_error: error,
+        },
         msg,
-        json!({"step": entry.name(), "when_error": error}),
     );
     rs.defer(vec![Write::UpsertStep(rec), ev]);
     Ok(())
 }
 
-pub(super) fn kind_of(entry: &Entry) -> &'static str {
+pub(super) fn kind_of(entry: &Entry) -> StepKind {
     match entry {
-        Entry::Step(_) => "step",
-        Entry::Parallel(_) => "parallel",
-        Entry::FanOut(_) => "fan_out",
+        Entry::Step(_) => StepKind::Step,
+        Entry::Parallel(_) => StepKind::Parallel,
+        Entry::FanOut(_) => StepKind::FanOut,
     }
 }
 
@@ -406,33 +413,41 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
     );
     let low = r.error.is_none() && r.output.confidence < gate.confidence_threshold;
     match r.status {
-        UnitStatus::Completed | UnitStatus::Skipped => {
+        StepStatus::Completed | StepStatus::Skipped => {
             rs.final_output = Some(output_json);
             add_usage(rs, &r.usage, &mut writes);
             if let Some(msg) = rs.pipeline.budget.as_ref().and_then(|b| {
                 flow::budget_exceeded(b, rs.usage.tokens(), rs.usage.cost_usd.unwrap_or(0.0))
             }) {
-                writes.push(rs.ev("warn", "budget_exceeded", msg.clone(), json!({"step": name, "tokens_used": rs.usage.tokens(), "cost_usd": rs.usage.cost_usd.unwrap_or(0.0)})));
+                writes.push(rs.ev(
+                    Event::BudgetExceeded {
+                        step: name.clone(),
+                        tokens_used: rs.usage.tokens(),
+                        cost_usd: rs.usage.cost_usd.unwrap_or(0.0),
+                    },
+                    msg.clone(),
+                ));
                 extra.insert("step_summary".into(), Value::from(msg.clone()));
                 // A tripped budget owes the pipeline's `notify` notifications.
                 writes.extend(outbox::record(rs, "notify", &name, &extra));
-                return finish(rs, "aborted", Some(&name), Some(msg), writes)
+                return finish(rs, RunStatus::Aborted, Some(&name), Some(msg), writes)
                     .await
                     .map(Some);
             }
             rs.defer(writes);
             Ok(None)
         }
-        UnitStatus::Failed if matches!(entry, Entry::Step(s) if s.on_failure.continue_run) => {
+        StepStatus::Failed if matches!(entry, Entry::Step(s) if s.on_failure.continue_run) => {
             writes.push(rs.ev(
-                "warn",
-                "step_failed_continuing",
+                Event::StepFailedContinuing {
+                    step: name.clone(),
+                    error: r.error.clone(),
+                },
                 format!("Step {name} failed; on_failure=continue"),
-                json!({"step": name, "error": r.error}),
             ));
             add_usage(rs, &r.usage, &mut writes);
             if let Entry::Step(s) = entry {
-                writes.extend(outbox::failure_webhook(rs, s, &summary, "failed"));
+                writes.extend(outbox::failure_webhook(rs, s, &summary, StepStatus::Failed));
             }
             rs.commit(writes).await?;
             // The failure webhook is owed now, not when the run ends.
@@ -444,7 +459,7 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
         status => {
             add_usage(rs, &r.usage, &mut writes);
             let action = match status {
-                UnitStatus::Stopped => {
+                StepStatus::Stopped => {
                     extra.insert(
                         "proceed_reason".into(),
                         r.output
@@ -453,9 +468,9 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
                             .map(Value::from)
                             .unwrap_or(Value::Null),
                     );
-                    "stopped".to_string()
+                    StepStatus::Stopped.as_str().to_string()
                 }
-                UnitStatus::Aborted => gate.on_abort.clone(),
+                StepStatus::Aborted => gate.on_abort.clone(),
                 _ => "escalate".to_string(),
             };
             extra.insert(
@@ -466,15 +481,15 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
                     status.as_str()
                 }),
             );
-            if let (UnitStatus::Failed, Entry::Step(s)) = (status, entry) {
-                writes.extend(outbox::failure_webhook(rs, s, &summary, "failed"));
+            if let (StepStatus::Failed, Entry::Step(s)) = (status, entry) {
+                writes.extend(outbox::failure_webhook(rs, s, &summary, StepStatus::Failed));
             }
-            if status == UnitStatus::Stopped {
+            if status == StepStatus::Stopped {
                 rs.final_output = Some(output_json);
             }
             let reason = r.error.clone().unwrap_or(summary);
             writes.extend(outbox::record(rs, &action, &name, &extra));
-            finish(rs, status.as_str(), Some(&name), Some(reason), writes)
+            finish(rs, status.run_ending(), Some(&name), Some(reason), writes)
                 .await
                 .map(Some)
         }

@@ -2,12 +2,13 @@
 //! `close_terminal` closes a run whose ending unit was recorded without it, and
 //! `announce_resume` audits a resume (SPEC 6.5).
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::drive::RunState;
 use super::{outbox, Error, RunEnd};
+use crate::domain::{RunStatus, StepStatus};
+use crate::events::Event;
 use crate::pipeline::Entry;
-use crate::run::flow::UnitStatus;
 use crate::run::plan::ResumePlan;
 use crate::store::Write;
 
@@ -15,31 +16,29 @@ use crate::store::Write;
 /// committed together with `writes`, then the notifications are delivered.
 pub(super) async fn finish(
     rs: &mut RunState,
-    status: &str,
+    status: RunStatus,
     terminal_step: Option<&str>,
     reason: Option<String>,
     mut writes: Vec<Write>,
 ) -> Result<RunEnd, Error> {
     let now = rs.now();
     writes.push(rs.ev(
-        if status == "completed" || status == "stopped" {
-            "info"
-        } else {
-            "warn"
+        Event::RunFinished {
+            status,
+            terminal_step: terminal_step.map(str::to_string),
+            reason: reason.clone(),
         },
-        "run_finished",
         format!("Pipeline finished: {status}"),
-        json!({"status": status, "terminal_step": terminal_step, "reason": reason}),
     ));
     writes.push(Write::FinishRun {
         run_id: rs.id().to_string(),
-        status: status.to_string(),
+        status,
         completed_at: now,
         terminal_step: terminal_step.map(str::to_string),
         reason: reason.clone(),
         final_output_json: rs.final_output.as_ref().map(Value::to_string),
     });
-    if status != "completed" {
+    if status != RunStatus::Completed {
         writes.push(Write::CloseApprovalsOfRun {
             run_id: rs.id().to_string(),
             at: now,
@@ -50,18 +49,18 @@ pub(super) async fn finish(
         .chain(rs.deferred.iter())
         .any(|w| matches!(w, Write::InsertNotification(_)));
     rs.commit(writes).await?;
-    if status != "completed" {
+    if status != RunStatus::Completed {
         // Chat messages of the approvals just closed say so (in the background).
         rs.engine.publish(super::ApprovalChange::Closed {
             run_id: rs.id().to_string(),
         });
     }
-    crate::telemetry::run_finished(&rs.pipeline.name, status);
-    tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status, "Run finished.");
+    crate::telemetry::run_finished(&rs.pipeline.name, status.as_str());
+    tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status = %status, "Run finished.");
     if owes_notifications {
         outbox::deliver_run(&rs.engine, rs.id()).await;
     }
-    Ok(RunEnd::Finished(status.to_string()))
+    Ok(RunEnd::Finished(status))
 }
 
 /// A unit that ended the run was recorded but the run was not closed (a store from
@@ -69,7 +68,7 @@ pub(super) async fn finish(
 pub(super) async fn close_terminal(
     rs: &mut RunState,
     entry: &Entry,
-    status: UnitStatus,
+    status: StepStatus,
     output: Option<Value>,
     reason: Option<String>,
 ) -> Result<RunEnd, Error> {
@@ -83,17 +82,17 @@ pub(super) async fn close_terminal(
         .to_string();
     extra.insert("step_summary".into(), Value::from(summary.clone()));
     let action = match status {
-        UnitStatus::Stopped => "stopped".to_string(),
-        UnitStatus::Aborted => entry.gate().on_abort.clone(),
+        StepStatus::Stopped => StepStatus::Stopped.as_str().to_string(),
+        StepStatus::Aborted => entry.gate().on_abort.clone(),
         _ => "escalate".to_string(),
     };
     let writes = outbox::record(rs, &action, &name, &extra);
-    if status == UnitStatus::Stopped {
+    if status == StepStatus::Stopped {
         rs.final_output = output;
     }
     finish(
         rs,
-        status.as_str(),
+        status.run_ending(),
         Some(&name),
         reason.or(Some(summary)),
         writes,
@@ -103,13 +102,13 @@ pub(super) async fn close_terminal(
 
 pub(super) async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Result<(), Error> {
     let count = rs.run.resume_count + 1;
-    let fields = json!({
-        "steps_skipped": plan.steps_skipped,
-        "branches_skipped": plan.branches_skipped,
-        "in_flight": plan.in_flight,
-        "on_interrupted": plan.on_interrupted.as_str(),
-        "resume_count": count,
-    });
+    let event = Event::RunResumed {
+        steps_skipped: plan.steps_skipped,
+        branches_skipped: plan.branches_skipped,
+        in_flight: plan.in_flight.clone(),
+        on_interrupted: plan.on_interrupted.as_str().to_string(),
+        resume_count: count,
+    };
     tracing::warn!(
         run_id = %rs.id(),
         pipeline = %rs.pipeline.name,
@@ -131,7 +130,7 @@ pub(super) async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Res
     // Deferred: it rides in the run's next commit, which always comes before any
     // executor is called (a resume that gets no further is simply not counted).
     rs.defer(vec![
-        rs.ev("warn", "run_resumed", msg, fields),
+        rs.ev(event, msg),
         Write::MarkResumed {
             run_id: rs.id().to_string(),
             at: now,

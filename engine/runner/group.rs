@@ -3,15 +3,17 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::branch::{BranchEnd, BranchJob};
 use super::drive::{RunState, UnitOutcome, UnitResult};
 use super::records::{self, NewRecord};
 use super::Error;
+use crate::domain::{StepKind, StepStatus};
+use crate::events::Event;
 use crate::pipeline::{Action, FanOut, Gate, Join, Parallel};
 use crate::run::context::{self, ItemVars};
-use crate::run::flow::{self, FanOutItems, UnitStatus};
+use crate::run::flow::{self, FanOutItems};
 use crate::run::plan::{BranchPlan, InFlight};
 use crate::run::{StepOutput, Usage};
 use crate::store::{StepRecord, Write};
@@ -19,8 +21,8 @@ use crate::store::{StepRecord, Write};
 /// A group's branches, described once for both shapes.
 struct Shape<'a> {
     name: &'a str,
-    kind: &'static str,
-    branch_kind: &'static str,
+    kind: StepKind,
+    branch_kind: StepKind,
     gate: &'a Gate,
     join: Join,
     /// (template key, path, action, weight) per branch.
@@ -40,7 +42,7 @@ fn group_record(rs: &RunState, i: usize, shape: &Shape<'_>) -> StepRecord {
         attempt: 1,
         iteration: 1,
     });
-    rec.executor = shape.kind.to_string();
+    rec.executor = shape.kind.as_str().to_string();
     rec
 }
 
@@ -52,8 +54,8 @@ pub(super) async fn parallel(
 ) -> Result<UnitOutcome, Error> {
     let shape = Shape {
         name: &p.name,
-        kind: "parallel",
-        branch_kind: "branch",
+        kind: StepKind::Parallel,
+        branch_kind: StepKind::Branch,
         gate: &p.gate,
         join: p.join,
         branches: p
@@ -78,14 +80,15 @@ pub(super) async fn parallel(
             rs.commit(vec![
                 Write::UpsertStep(rec.clone()),
                 rs.ev(
-                    "info",
-                    "parallel_group_started",
+                    Event::ParallelGroupStarted {
+                        group: p.name.clone(),
+                        branches: p.branches.len(),
+                    },
                     format!(
                         "Parallel group {} started: {} branch(es)",
                         p.name,
                         p.branches.len()
                     ),
-                    json!({"group": p.name, "branches": p.branches.len()}),
                 ),
             ])
             .await?;
@@ -94,16 +97,7 @@ pub(super) async fn parallel(
     };
     let ctx = context::to_template_value(rs.context(&p.name, None, None, None));
     let ctxs = vec![ctx; shape.branches.len()];
-    run_group(
-        rs,
-        i,
-        &shape,
-        plans,
-        ctxs,
-        &mut rec,
-        "parallel_group_completed",
-    )
-    .await
+    run_group(rs, i, &shape, plans, ctxs, &mut rec).await
 }
 
 pub(super) async fn fan_out(
@@ -114,8 +108,8 @@ pub(super) async fn fan_out(
 ) -> Result<UnitOutcome, Error> {
     let mut shape = Shape {
         name: &f.name,
-        kind: "fan_out",
-        branch_kind: "fan_out_branch",
+        kind: StepKind::FanOut,
+        branch_kind: StepKind::FanOutBranch,
         gate: &f.gate,
         join: f.join,
         branches: Vec::new(),
@@ -138,7 +132,7 @@ pub(super) async fn fan_out(
             let decision = match items {
                 Ok(items) => flow::fan_out_items(&f.name, items, f.max_items, f.on_empty),
                 Err(reason) => FanOutItems::Fail {
-                    event: "fan_out_failed",
+                    empty: false,
                     reason,
                 },
             };
@@ -148,33 +142,35 @@ pub(super) async fn fan_out(
                     rs.commit(vec![
                         Write::UpsertStep(rec.clone()),
                         rs.ev(
-                            "info",
-                            "fan_out_started",
+                            Event::FanOutStarted {
+                                step: f.name.clone(),
+                                items: items.len(),
+                            },
                             format!("Fan-out {} started: {} item(s)", f.name, items.len()),
-                            json!({"step": f.name, "items": items.len()}),
                         ),
                     ])
                     .await?;
                     (vec![BranchPlan::NotStarted; items.len()], items)
                 }
-                FanOutItems::Empty { event } => {
+                FanOutItems::Empty { skipped } => {
                     let out = StepOutput::new(1.0, format!("Fan-out '{}': empty list", f.name));
                     records::finish(
                         &mut rec,
-                        "completed",
+                        StepStatus::Completed,
                         &out,
                         &Usage::default(),
                         None,
                         rs.now(),
                     );
-                    let ev = rs.ev(
-                        "warn",
-                        event,
-                        format!("Fan-out {} had no items", f.name),
-                        json!({"step": f.name}),
-                    );
+                    let step = f.name.clone();
+                    let event = if skipped {
+                        Event::FanOutSkipped { step }
+                    } else {
+                        Event::FanOutEmpty { step }
+                    };
+                    let ev = rs.ev(event, format!("Fan-out {} had no items", f.name));
                     return Ok(done(
-                        UnitStatus::Completed,
+                        StepStatus::Completed,
                         out,
                         rec,
                         vec![ev],
@@ -183,19 +179,25 @@ pub(super) async fn fan_out(
                         Usage::default(),
                     ));
                 }
-                FanOutItems::Fail { event, reason } => {
+                FanOutItems::Fail { empty, reason } => {
                     let out = StepOutput::failed(&reason);
                     records::finish(
                         &mut rec,
-                        "failed",
+                        StepStatus::Failed,
                         &out,
                         &Usage::default(),
                         Some(reason.clone()),
                         rs.now(),
                     );
-                    let ev = rs.ev("error", event, reason.clone(), json!({"step": f.name}));
+                    let step = f.name.clone();
+                    let event = if empty {
+                        Event::FanOutEmptyAborted { step }
+                    } else {
+                        Event::FanOutFailed { step }
+                    };
+                    let ev = rs.ev(event, reason.clone());
                     return Ok(done(
-                        UnitStatus::Failed,
+                        StepStatus::Failed,
                         out,
                         rec,
                         vec![ev],
@@ -236,11 +238,11 @@ pub(super) async fn fan_out(
             ))
         })
         .collect();
-    run_group(rs, i, &shape, plans, ctxs, &mut rec, "fan_out_completed").await
+    run_group(rs, i, &shape, plans, ctxs, &mut rec).await
 }
 
 fn done(
-    status: UnitStatus,
+    status: StepStatus,
     output: StepOutput,
     record: StepRecord,
     events: Vec<Write>,
@@ -267,7 +269,6 @@ async fn run_group(
     plans: Vec<BranchPlan>,
     ctxs: Vec<minijinja::Value>,
     rec: &mut StepRecord,
-    completed_event: &str,
 ) -> Result<UnitOutcome, Error> {
     let n = shape.branches.len();
     let mut confidences: Vec<Option<(f64, bool)>> = vec![None; n];
@@ -275,7 +276,7 @@ async fn run_group(
     // Branches kept from before a restart keep their outputs.
     for (pos, plan) in plans.iter().enumerate() {
         if let BranchPlan::Kept { status, output, .. } = plan {
-            let failed = status != "completed";
+            let failed = *status != StepStatus::Completed;
             let c = if failed {
                 0.0
             } else {
@@ -388,27 +389,33 @@ async fn run_group(
         ),
     );
     let status = flow::gate(joined, true, shape.gate);
-    records::finish(
-        rec,
-        status.as_str(),
-        &output,
-        &Usage::default(),
-        None,
-        rs.now(),
-    );
-    let level = if status == UnitStatus::Completed {
-        "info"
+    records::finish(rec, status, &output, &Usage::default(), None, rs.now());
+    let (step, group) = (shape.name.to_string(), shape.name.to_string());
+    let total = n;
+    let joined_event = if shape.kind == StepKind::FanOut {
+        Event::FanOutCompleted {
+            step,
+            group,
+            confidence: joined,
+            completed,
+            total,
+            status,
+        }
     } else {
-        "warn"
+        Event::ParallelGroupCompleted {
+            step,
+            group,
+            confidence: joined,
+            completed,
+            total,
+            status,
+        }
     };
-    let mut events = vec![rs.ev(level, completed_event, output.summary.clone(),
-        json!({"step": shape.name, "group": shape.name, "confidence": joined, "completed": completed, "total": n, "status": status.as_str()}))];
-    if status != UnitStatus::Completed {
+    let mut events = vec![rs.ev(joined_event, output.summary.clone())];
+    if let Some(settled) = Event::group_settled(status, shape.name.to_string(), joined) {
         events.push(rs.ev(
-            "warn",
-            status.step_event(),
+            settled,
             format!("{} {} {}", shape.label, shape.name, status.as_str()),
-            json!({"step": shape.name, "confidence": joined}),
         ));
     }
     Ok(done(
@@ -475,7 +482,7 @@ fn escalate_group(
         }
         records::finish(
             &mut b,
-            "escalated",
+            StepStatus::Escalated,
             &StepOutput::new(0.0, "escalated on resume"),
             &Usage::default(),
             None,
@@ -484,14 +491,22 @@ fn escalate_group(
         events.push(Write::UpsertStep(b));
     }
     events.push(rs.ev(
-        "warn",
-        "resume_step_escalated",
+        Event::ResumeGroupEscalated {
+            step: shape.name.to_string(),
+            branches: paths,
+        },
         summary,
-        json!({"step": shape.name, "branches": paths}),
     ));
-    records::finish(rec, "escalated", &output, &Usage::default(), None, now);
+    records::finish(
+        rec,
+        StepStatus::Escalated,
+        &output,
+        &Usage::default(),
+        None,
+        now,
+    );
     done(
-        UnitStatus::Escalated,
+        StepStatus::Escalated,
         output,
         rec.clone(),
         events,
@@ -515,11 +530,11 @@ async fn timed_out(
     let stored =
         super::persist::read(&rs.engine, rs.id(), || rs.engine.store.steps(rs.id())).await?;
     for r in stored {
-        if r.status == "running" && r.step_path.starts_with(&format!("{}/", shape.name)) {
+        if r.status == StepStatus::Running && r.step_path.starts_with(&format!("{}/", shape.name)) {
             let mut r = r;
             records::finish(
                 &mut r,
-                "failed",
+                StepStatus::Failed,
                 &StepOutput::failed("cancelled: group timed out"),
                 &Usage::default(),
                 Some("cancelled: group timed out".into()),
@@ -529,22 +544,23 @@ async fn timed_out(
         }
     }
     writes.push(rs.ev(
-        "error",
-        "branch_failed",
+        Event::GroupTimedOut {
+            group: shape.name.to_string(),
+            reason: "group_timeout".to_string(),
+        },
         reason.clone(),
-        json!({"group": shape.name, "reason": "group_timeout"}),
     ));
     let out = StepOutput::failed(&reason);
     records::finish(
         rec,
-        "failed",
+        StepStatus::Failed,
         &out,
         &Usage::default(),
         Some(reason.clone()),
         now,
     );
     Ok(done(
-        UnitStatus::Failed,
+        StepStatus::Failed,
         out,
         rec.clone(),
         writes,

@@ -19,6 +19,8 @@ use serde_json::Value;
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::domain::{ApprovalStatus, RunStatus};
+use crate::events::Event;
 use crate::executor::Executors;
 use crate::pipeline::{Pipeline, PipelineSet};
 use crate::run::context::Normalised;
@@ -88,7 +90,7 @@ impl Drop for Admission {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunEnd {
     /// The run reached this terminal status.
-    Finished(String),
+    Finished(RunStatus),
     /// Shutdown stopped the run at a step boundary; it stays `running` to be resumed.
     Drained,
     /// The run waits for a human decision without a task (see `park`); it is driven
@@ -297,7 +299,7 @@ impl Engine {
         let record = RunRecord {
             id: id.clone(),
             pipeline_name: pipeline.name.clone(),
-            status: "running".into(),
+            status: RunStatus::Running,
             source: trigger.source.clone(),
             team: trigger.team.clone(),
             stage: pipeline.stage.as_str().into(),
@@ -317,14 +319,16 @@ impl Engine {
             reason: None,
             final_output_json: None,
         };
-        let started = records::event(
+        let started = Event::RunStarted {
+            pipeline: pipeline.name.clone(),
+            source: trigger.source.clone(),
+            config_fingerprint: pipeline.fingerprint.clone(),
+            parent_run_id: record.parent_run_id.clone(),
+        }
+        .write(
             &id,
             now,
-            "info",
-            "run_started",
             format!("Run started for pipeline {}", pipeline.name),
-            serde_json::json!({"pipeline": pipeline.name, "source": trigger.source,
-                "config_fingerprint": pipeline.fingerprint, "parent_run_id": record.parent_run_id}),
         );
         let fresh = FreshRun {
             run: RunRecord {
@@ -527,7 +531,7 @@ impl Engine {
         tracing::info!(run_id = %run_id, by = by.unwrap_or(""), "Cancel requested.");
         // A run parked on an approval stops now rather than at its next poll.
         if let Ok(list) = self.store.approvals_of_run(run_id) {
-            for a in list.iter().filter(|a| a.status == "pending") {
+            for a in list.iter().filter(|a| a.status == ApprovalStatus::Pending) {
                 if let Some(signal) = self.existing_approval_signal(&a.token) {
                     signal.notify_waiters();
                 }
@@ -619,30 +623,30 @@ impl Engine {
     ) -> Result<Outcome, Error> {
         let by = decider.by.as_str();
         let now = self.now_ms();
-        let status = if approve { "approved" } else { "rejected" };
+        let status = if approve {
+            ApprovalStatus::Approved
+        } else {
+            ApprovalStatus::Rejected
+        };
         let Some(a) = self.store.approval(token)? else {
             return Ok(Outcome::ApprovalUnknown);
         };
-        let ev = records::event(
+        let ev = Event::ApprovalDecided {
+            step: a.step_path.clone(),
+            token: token.to_string(),
+            decision: status,
+            by: by.to_string(),
+            via: decider.via.map(str::to_string),
+            client: decider.client.clone(),
+        }
+        .write(
             &a.run_id,
             now,
-            "info",
-            "approval_decided",
             format!("Approval for {} {status} by {by}", a.step_path),
-            {
-                let mut fields = serde_json::json!({"step": a.step_path, "token": token, "decision": status, "by": by});
-                if let Some(via) = decider.via {
-                    fields["via"] = via.into();
-                }
-                if let Some(client) = &decider.client {
-                    fields["client"] = client.as_str().into();
-                }
-                fields
-            },
         );
         let decide = Write::DecideApproval {
             token: token.to_string(),
-            status: status.into(),
+            status,
             by: Some(by.to_string()),
             at: now,
         };
@@ -657,10 +661,10 @@ impl Engine {
             // Logged only for the decision that won, after it is durable.
             self.store.commit(vec![ev]).await?;
             // At warn, beside "Approval requested": who decided is the audit trail.
-            tracing::warn!(target: "vectorstep::approval", run_id = %a.run_id, step = %a.step_path, decision = status, by = %by,
+            tracing::warn!(target: "vectorstep::approval", run_id = %a.run_id, step = %a.step_path, decision = %status, by = %by,
                 via = decider.via.unwrap_or("api"), client = decider.client.as_deref().unwrap_or(""),
                 "Approval {status} by {by}.");
-            crate::telemetry::approval_decided(&a.pipeline_name, status);
+            crate::telemetry::approval_decided(&a.pipeline_name, status.as_str());
             self.refresh_approvals_gauge();
             // A wait in a task wakes at once; for a parked run, a delivery still
             // retrying stops now. Nobody listening means nothing to wake.

@@ -22,9 +22,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::drive::RunState;
-use super::records::event;
 use super::step::CallFailure;
 use super::Engine;
+use crate::domain::{Channel, NotificationStatus, SendResult, StepStatus};
+use crate::events::Event;
 use crate::executor::{notify, Call, Outcome};
 use crate::pipeline::{Stage, Step};
 use crate::run::{context, StepOutput, Usage};
@@ -69,7 +70,7 @@ fn insert(rs: &RunState, id: String, d: &Delivery) -> Write {
         action: d.action.clone(),
         channel: d.channel.clone(),
         message: serde_json::to_string(d).unwrap_or_default(),
-        status: "pending".into(),
+        status: NotificationStatus::Pending,
         created_at: rs.now(),
         sent_at: None,
         error: None,
@@ -100,7 +101,7 @@ pub(super) fn record(
                 kind: "notification".into(),
                 // A testing pipeline never talks to the outside world.
                 channel: if testing {
-                    "log".into()
+                    Channel::Log.to_string()
                 } else {
                     n.channel.clone()
                 },
@@ -140,7 +141,7 @@ pub(super) fn failure_webhook(
     rs: &RunState,
     step: &Step,
     summary: &str,
-    status: &str,
+    status: StepStatus,
 ) -> Vec<Write> {
     let Some(w) = &step.on_failure.webhook else {
         return Vec::new();
@@ -167,7 +168,7 @@ pub(super) fn failure_webhook(
     let mut missing = Vec::new();
     let d = Delivery {
         kind: "failure_webhook".into(),
-        channel: "webhook".into(),
+        channel: Channel::Webhook.to_string(),
         action: "on_failure".into(),
         step: step.name.clone(),
         text: summary.to_string(),
@@ -208,7 +209,7 @@ pub(super) async fn queue_step(
         .pipeline(call.pipeline)
         .is_some_and(|p| p.stage == Stage::Testing)
     {
-        m.channel = "log".into();
+        m.channel = Channel::Log.to_string();
         m.url = None;
         m.body = None;
     }
@@ -233,7 +234,7 @@ pub(super) async fn queue_step(
         action: d.action.clone(),
         channel: d.channel.clone(),
         message: serde_json::to_string(&d).unwrap_or_default(),
-        status: "pending".into(),
+        status: NotificationStatus::Pending,
         created_at: engine.now_ms(),
         sent_at: None,
         error: None,
@@ -273,7 +274,9 @@ pub async fn deliver_run(engine: &Arc<Engine>, run_id: &str) {
         Ok(list) => {
             deliver(
                 engine,
-                list.into_iter().filter(|n| n.status == "pending").collect(),
+                list.into_iter()
+                    .filter(|n| n.status == NotificationStatus::Pending)
+                    .collect(),
             )
             .await
         }
@@ -393,7 +396,7 @@ async fn deliver_one(engine: &Arc<Engine>, n: &NotificationRecord) {
         .notifications_of_run(&n.run_id)
         .map(|l| l.into_iter().find(|x| x.id == n.id))
     {
-        Ok(Some(current)) if current.status != "pending" => return,
+        Ok(Some(current)) if current.status != NotificationStatus::Pending => return,
         Ok(Some(current)) => current,
         _ => n.clone(),
     };
@@ -461,7 +464,7 @@ async fn mark(
 ) {
     let now = engine.now_ms();
     if let Err(f) = &result {
-        crate::telemetry::notification(&n.channel, "failed");
+        crate::telemetry::notification(&n.channel, SendResult::Failed.as_str());
         let expired = now >= n.created_at.saturating_add(max_age_ms(engine));
         if !f.permanent && !expired && retrying(engine) {
             let retry = NotificationRecord {
@@ -474,7 +477,7 @@ async fn mark(
                 "Cannot deliver a notification; it stays queued and is retried.");
             let w = Write::MarkNotification {
                 id: n.id.clone(),
-                status: "pending".into(),
+                status: NotificationStatus::Pending,
                 at: now,
                 error: Some(f.message.clone()),
             };
@@ -484,31 +487,64 @@ async fn mark(
             return;
         }
     } else {
-        crate::telemetry::notification(&n.channel, "sent");
+        crate::telemetry::notification(&n.channel, SendResult::Sent.as_str());
     }
     let error = result.err().map(|f| f.message);
-    let (status, name) = match (&error, kind) {
-        (None, "failure_webhook") => ("sent", "step_failure_webhook_sent"),
-        (Some(_), "failure_webhook") => ("failed", "step_failure_webhook_failed"),
-        (None, _) => ("sent", "notification_sent"),
-        (Some(_), _) => ("failed", "notification_failed"),
+    let (action, channel, notification_id) = (n.action.clone(), n.channel.clone(), n.id.clone());
+    let webhook = kind == "failure_webhook";
+    let (status, event) = match (&error, webhook) {
+        (None, true) => (
+            NotificationStatus::Sent,
+            Event::StepFailureWebhookSent {
+                action,
+                channel,
+                notification_id,
+                error: None,
+            },
+        ),
+        (Some(_), true) => (
+            NotificationStatus::Failed,
+            Event::StepFailureWebhookFailed {
+                action,
+                channel,
+                notification_id,
+                error: error.clone(),
+            },
+        ),
+        (None, false) => (
+            NotificationStatus::Sent,
+            Event::NotificationSent {
+                action,
+                channel,
+                notification_id,
+                error: None,
+            },
+        ),
+        (Some(_), false) => (
+            NotificationStatus::Failed,
+            Event::NotificationFailed {
+                action,
+                channel,
+                notification_id,
+                error: error.clone(),
+            },
+        ),
     };
-    let ev = event(
+    let ev = event.write(
         &n.run_id,
         now,
-        if error.is_some() { "warn" } else { "info" },
-        name,
         format!(
             "{} via {}: {}",
             n.action,
             n.channel,
-            error.clone().unwrap_or_else(|| "sent".into())
+            error
+                .clone()
+                .unwrap_or_else(|| SendResult::Sent.to_string())
         ),
-        json!({"action": n.action, "channel": n.channel, "notification_id": n.id, "error": error}),
     );
     let w = Write::MarkNotification {
         id: n.id.clone(),
-        status: status.into(),
+        status,
         at: now,
         error,
     };
@@ -518,12 +554,12 @@ async fn mark(
 }
 
 async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), Failure> {
-    match d.channel.as_str() {
-        "log" => {
+    match Channel::parse(&d.channel) {
+        Some(Channel::Log) => {
             tracing::warn!(target: "vectorstep::notification", action = %d.action, step = %d.step, "{}", d.text);
             Ok(())
         }
-        "webhook" => {
+        Some(Channel::Webhook) => {
             let url = d
                 .url
                 .as_deref()
@@ -551,10 +587,10 @@ async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), Failur
             if resp.status().is_success() || d.kind == "failure_webhook" {
                 Ok(())
             } else {
-                Err(Failure::http("webhook", resp.status()))
+                Err(Failure::http(Channel::Webhook.as_str(), resp.status()))
             }
         }
-        "telegram" => {
+        Some(Channel::Telegram) => {
             let tg = engine
                 .config
                 .telegram
@@ -573,11 +609,12 @@ async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), Failur
             if resp.status().is_success() {
                 Ok(())
             } else {
-                Err(Failure::http("telegram", resp.status()))
+                Err(Failure::http(Channel::Telegram.as_str(), resp.status()))
             }
         }
-        other => Err(Failure::permanent(format!(
-            "unknown notification channel `{other}`"
+        Some(Channel::Page) | None => Err(Failure::permanent(format!(
+            "unknown notification channel `{}`",
+            d.channel
         ))),
     }
 }
@@ -593,7 +630,7 @@ mod tests {
             action: "escalate".into(),
             channel: "telegram".into(),
             message: "{}".into(),
-            status: "pending".into(),
+            status: NotificationStatus::Pending,
             created_at,
             sent_at,
             error: None,

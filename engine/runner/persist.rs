@@ -10,10 +10,9 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-
-use super::records::event;
 use super::{Engine, Error};
+use crate::domain::RunStatus;
+use crate::events::Event;
 use crate::store::{Outcome, Write};
 
 /// The first wait after a failed commit; it doubles up to [`MAX_BACKOFF`].
@@ -124,19 +123,21 @@ pub(super) async fn close_failed(engine: &Engine, run_id: &str, cause: &Error) {
     let writes = vec![
         Write::FinishRun {
             run_id: run_id.to_string(),
-            status: "failed".into(),
+            status: RunStatus::Failed,
             completed_at: now,
             terminal_step: None,
             reason: Some(reason.clone()),
             final_output_json: None,
         },
-        event(
+        Event::RunFailedUnrecorded {
+            status: RunStatus::Failed,
+            terminal_step: None,
+            reason: reason.clone(),
+        }
+        .write(
             run_id,
             now,
-            "error",
-            "run_finished",
-            "Pipeline finished: failed".to_string(),
-            json!({"status": "failed", "terminal_step": null, "reason": reason}),
+            format!("Pipeline finished: {}", RunStatus::Failed),
         ),
         Write::CloseApprovalsOfRun {
             run_id: run_id.to_string(),
@@ -146,7 +147,7 @@ pub(super) async fn close_failed(engine: &Engine, run_id: &str, cause: &Error) {
     match commit(engine, run_id, writes).await {
         Ok(outcomes) => {
             if outcomes.first() == Some(&Outcome::Done) {
-                crate::telemetry::run_finished(&pipeline, "failed");
+                crate::telemetry::run_finished(&pipeline, RunStatus::Failed.as_str());
                 tracing::error!(run_id, reason = %reason, "Run failed: its driver could not go on.");
             }
         }

@@ -1,30 +1,9 @@
 //! Builders for the rows the runner writes, so every call site fills them the same way.
 
-use serde_json::Value;
-
+use crate::domain::{StepKind, StepStatus};
 use crate::pipeline::Action;
 use crate::run::{StepOutput, Usage};
-use crate::store::{EventRecord, StepRecord, Write};
-
-/// A run-log event (SPEC 7) ready to commit.
-pub fn event(
-    run_id: &str,
-    ts: i64,
-    level: &str,
-    name: &str,
-    msg: impl Into<String>,
-    fields: Value,
-) -> Write {
-    Write::AppendEvent(EventRecord {
-        id: 0,
-        run_id: run_id.to_string(),
-        ts,
-        level: level.to_string(),
-        event: name.to_string(),
-        msg: msg.into(),
-        fields_json: fields.to_string(),
-    })
-}
+use crate::store::StepRecord;
 
 /// `<run_id>:<step path>:<iteration>` (SPEC 4).
 pub fn idempotency_key(run_id: &str, path: &str, iteration: u32) -> String {
@@ -45,7 +24,7 @@ pub struct NewRecord<'a> {
     pub run_id: &'a str,
     pub path: &'a str,
     pub index: u32,
-    pub kind: &'a str,
+    pub kind: StepKind,
     pub action: Option<&'a Action>,
     pub started_at: i64,
     pub attempt: u32,
@@ -58,13 +37,13 @@ pub fn running(n: NewRecord<'_>) -> StepRecord {
         run_id: n.run_id.to_string(),
         step_path: n.path.to_string(),
         step_index: n.index,
-        kind: n.kind.to_string(),
+        kind: n.kind,
         executor: n
             .action
             .map(|a| a.executor_name.clone())
-            .unwrap_or_else(|| n.kind.to_string()),
+            .unwrap_or_else(|| n.kind.as_str().to_string()),
         agent: n.action.and_then(|a| a.agent.clone()),
-        status: "running".into(),
+        status: StepStatus::Running,
         attempts: n.attempt,
         iteration: n.iteration,
         idempotency_key: idempotency_key(n.run_id, n.path, n.iteration),
@@ -85,13 +64,13 @@ pub fn running(n: NewRecord<'_>) -> StepRecord {
 /// Fills in the terminal state of a record.
 pub fn finish(
     rec: &mut StepRecord,
-    status: &str,
+    status: StepStatus,
     output: &StepOutput,
     usage: &Usage,
     error: Option<String>,
     now: i64,
 ) {
-    rec.status = status.to_string();
+    rec.status = status;
     rec.finished_at = Some(now);
     rec.duration_ms = Some((now - rec.started_at).max(0) as u64);
     let failed = error.is_some();

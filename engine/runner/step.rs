@@ -3,15 +3,17 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::drive::{RunState, Start, UnitOutcome, UnitResult};
 use super::records::{self, NewRecord};
 use super::Error;
+use crate::domain::{StepKind, StepStatus};
+use crate::events::Event;
 use crate::executor::{Call, Outcome};
 use crate::pipeline::{Action, Entry, ExecutorKind, Step};
 use crate::run::context::{self, LoopVars};
-use crate::run::flow::{self, UnitStatus};
+use crate::run::flow;
 use crate::run::{StepOutput, Usage};
 use crate::store::Write;
 
@@ -145,20 +147,20 @@ pub(super) fn opening(
         run_id,
         path,
         index: records::step_index(i, None),
-        kind: "step",
+        kind: StepKind::Step,
         action: Some(&step.action),
         started_at,
         attempt,
         iteration: 1,
     });
-    let started = records::event(
-        run_id,
-        started_at,
-        "info",
-        "step_started",
-        format!("Step started: {path}"),
-        json!({"step": path, "executor": step.action.executor_name, "agent": step.action.agent, "attempt": attempt, "rerun_after_restart": rerun}),
-    );
+    let started = Event::StepStarted {
+        step: path.to_string(),
+        executor: step.action.executor_name.clone(),
+        agent: step.action.agent.clone(),
+        attempt,
+        rerun_after_restart: rerun,
+    }
+    .write(run_id, started_at, format!("Step started: {path}"));
     (rec, started)
 }
 
@@ -230,10 +232,12 @@ pub(super) async fn run(
             rs.commit(vec![
                 Write::UpsertStep(rec.clone()),
                 rs.ev(
-                    "info",
-                    "loop_iteration",
+                    Event::LoopIteration {
+                        step: path.to_string(),
+                        iteration,
+                        max_iterations,
+                    },
                     format!("{path}: iteration {iteration}/{max_iterations}"),
-                    json!({"step": path, "iteration": iteration, "max_iterations": max_iterations}),
                 ),
             ])
             .await?;
@@ -271,17 +275,27 @@ pub(super) async fn run(
                 Err(CallFailure::Error(msg)) => {
                     if try_no == tries {
                         let mut out = StepOutput::failed(&msg);
-                        out.extra.insert("failed".into(), Value::Bool(true));
+                        out.extra
+                            .insert(StepStatus::Failed.to_string(), Value::Bool(true));
                         let now = rs.now();
-                        records::finish(&mut rec, "failed", &out, &usage, Some(msg.clone()), now);
+                        records::finish(
+                            &mut rec,
+                            StepStatus::Failed,
+                            &out,
+                            &usage,
+                            Some(msg.clone()),
+                            now,
+                        );
                         events.push(rs.ev(
-                            "error",
-                            "step_failed",
+                            Event::StepFailed {
+                                step: path.to_string(),
+                                error: msg.clone(),
+                                attempt,
+                            },
                             format!("Step {path} failed: {msg}"),
-                            json!({"step": path, "error": msg, "attempt": attempt}),
                         ));
                         return Ok(UnitOutcome::Done(Box::new(UnitResult {
-                            status: UnitStatus::Failed,
+                            status: StepStatus::Failed,
                             output: out,
                             usage,
                             record: rec,
@@ -299,8 +313,18 @@ pub(super) async fn run(
                     rec.attempts = attempt;
                     rs.commit(vec![
                         Write::UpsertStep(rec.clone()),
-                        rs.ev("warn", "step_retrying", format!("{path} failed ({msg}); retrying in {:.1}s", delay.as_secs_f64()),
-                            json!({"step": path, "error": msg, "attempt": attempt, "delay_seconds": delay.as_secs_f64()})),
+                        rs.ev(
+                            Event::StepRetrying {
+                                step: path.to_string(),
+                                error: msg.clone(),
+                                attempt,
+                                delay_seconds: delay.as_secs_f64(),
+                            },
+                            format!(
+                                "{path} failed ({msg}); retrying in {:.1}s",
+                                delay.as_secs_f64()
+                            ),
+                        ),
                     ])
                     .await?;
                     tokio::time::sleep(delay).await;
@@ -327,37 +351,51 @@ pub(super) async fn run(
     };
     if let Some(l) = &step.loop_until {
         if l.max_iterations > 1 {
-            let (name, msg) = if output.confidence >= l.confidence {
+            let (step, iterations, confidence) =
+                (path.to_string(), iterations_run, output.confidence);
+            let (event, msg) = if output.confidence >= l.confidence {
                 (
-                    "loop_converged",
+                    Event::LoopConverged {
+                        step,
+                        iterations,
+                        confidence,
+                    },
                     format!("{path} converged after {iterations_run} iteration(s)"),
                 )
             } else {
                 (
-                    "loop_exhausted",
+                    Event::LoopExhausted {
+                        step,
+                        iterations,
+                        confidence,
+                    },
                     format!(
                         "{path} did not reach {} in {iterations_run} iteration(s)",
                         l.confidence
                     ),
                 )
             };
-            events.push(rs.ev("info", name, msg, json!({"step": path, "iterations": iterations_run, "confidence": output.confidence})));
+            events.push(rs.ev(event, msg));
         }
     }
     let status = flow::gate(output.confidence, output.proceed, &step.gate);
     let now = rs.now();
-    records::finish(&mut rec, status.as_str(), &output, &usage, None, now);
-    let level = if status == UnitStatus::Completed {
-        "info"
-    } else {
-        "warn"
-    };
+    records::finish(&mut rec, status, &output, &usage, None, now);
+    let gated = Event::step_gated(
+        status,
+        path.to_string(),
+        output.confidence,
+        step.gate.confidence_threshold,
+        usage.tokens(),
+        usage.cost_usd,
+    );
     events.push(rs.ev(
-        level,
-        status.step_event(),
-        format!("Step {status}: {path} (confidence {:.2})", output.confidence, status = status.as_str()),
-        json!({"step": path, "confidence": output.confidence, "threshold": step.gate.confidence_threshold,
-            "tokens": usage.tokens(), "cost_usd": usage.cost_usd}),
+        gated,
+        format!(
+            "Step {status}: {path} (confidence {:.2})",
+            output.confidence,
+            status = status.as_str()
+        ),
     ));
     Ok(UnitOutcome::Done(Box::new(UnitResult {
         status,
@@ -402,23 +440,31 @@ pub(super) fn escalate_in_flight(rs: &RunState, i: usize, entry: &Entry) -> Unit
         "Step '{path}' escalated on resume (durable.on_interrupted=escalate): it was in flight when the process stopped and was not executed again"
     );
     let output = StepOutput::new(0.0, summary.clone());
-    records::finish(&mut rec, "escalated", &output, &Usage::default(), None, now);
+    records::finish(
+        &mut rec,
+        StepStatus::Escalated,
+        &output,
+        &Usage::default(),
+        None,
+        now,
+    );
     let events = vec![
         rs.ev(
-            "warn",
-            "resume_step_escalated",
+            Event::ResumeStepEscalated {
+                step: path.to_string(),
+            },
             summary.clone(),
-            json!({"step": path}),
         ),
         rs.ev(
-            "warn",
-            "step_escalated",
+            Event::UnitEscalated {
+                step: path.to_string(),
+                confidence: 0.0,
+            },
             format!("Step escalated: {path}"),
-            json!({"step": path, "confidence": 0.0}),
         ),
     ];
     UnitResult {
-        status: UnitStatus::Escalated,
+        status: StepStatus::Escalated,
         output,
         usage: Usage::default(),
         record: rec,

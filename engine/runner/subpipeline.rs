@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use super::step::CallFailure;
 use super::{Created, Engine, ParentLink, RunEnd};
+use crate::domain::RunStatus;
 use crate::executor::{Call, Outcome};
 use crate::pipeline::ExecutorConfig;
 use crate::run::context::Normalised;
@@ -34,7 +35,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
         .map_err(|e| fail(e.to_string()))?;
     let child_id = match existing {
         // Started before a restart: the sweep resumes (or interrupts) it on its own.
-        Some(r) if r.status == "running" => {
+        Some(r) if r.status == RunStatus::Running => {
             bounded(call, &r.id, engine, wait_for(engine, &r.id)).await?
         }
         Some(r) => r.id,
@@ -81,8 +82,8 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
         .map_err(|e| fail(e.to_string()))?
         .ok_or_else(|| fail("child run vanished"))?;
     let usage = Usage::default();
-    match run.status.as_str() {
-        "completed" | "stopped" => {
+    match run.status {
+        status if status.is_success() => {
             let mut output = run
                 .final_output_json
                 .as_deref()
@@ -94,10 +95,9 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
             output
                 .extra
                 .insert("sub_run_id".into(), Value::from(child_id.clone()));
-            output.extra.insert(
-                "sub_pipeline_status".into(),
-                Value::from(run.status.clone()),
-            );
+            output
+                .extra
+                .insert("sub_pipeline_status".into(), Value::from(run.status));
             Ok(Outcome { output, usage })
         }
         status => Err(fail(format!(
@@ -136,7 +136,7 @@ async fn wait_for(engine: &Arc<Engine>, id: &str) -> Result<String, CallFailure>
             return Err(CallFailure::Drained);
         }
         match engine.store.run(id) {
-            Ok(Some(r)) if r.status != "running" => return Ok(r.id),
+            Ok(Some(r)) if r.status != RunStatus::Running => return Ok(r.id),
             Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
             Ok(None) => return Err(fail(format!("child run {id} vanished"))),
             Err(e) => return Err(fail(e.to_string())),

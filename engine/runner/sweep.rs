@@ -10,11 +10,10 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use serde_json::json;
-
-use super::records::event;
 use super::{Engine, Error};
 use crate::config::Config;
+use crate::domain::RunStatus;
+use crate::events::Event;
 use crate::pipeline::PipelineSet;
 use crate::store::lock::{self, FileLock, Probe};
 use crate::store::{RunRecord, Write};
@@ -24,11 +23,10 @@ pub enum Decision {
     Resume,
     Interrupt {
         /// `run_interrupted`, `resume_skipped_config_changed`, ...
-        event: &'static str,
+        event: Event,
         /// The label of `vectorstep_runs_interrupted_total`.
         reason: &'static str,
         message: String,
-        fields: serde_json::Value,
     },
 }
 
@@ -36,28 +34,32 @@ pub enum Decision {
 pub fn decide(run: &RunRecord, pipelines: &PipelineSet, config: &Config, now_ms: i64) -> Decision {
     let Some(p) = pipelines.get(&run.pipeline_name) else {
         return Decision::Interrupt {
-            event: "run_interrupted",
+            event: Event::RunInterrupted {
+                reason: "pipeline_missing".into(),
+            },
             reason: "pipeline_missing",
             message: format!("Service restarted while this run was in progress; pipeline `{}` is no longer loaded.", run.pipeline_name),
-            fields: json!({"reason": "pipeline_missing"}),
         };
     };
     let Some(durable) = &p.durable else {
         return Decision::Interrupt {
-            event: "run_interrupted",
+            event: Event::RunInterrupted {
+                reason: "not_durable".into(),
+            },
             reason: "not_durable",
             message:
                 "Service restarted while this run was in progress; the pipeline is not durable."
                     .into(),
-            fields: json!({"reason": "not_durable"}),
         };
     };
     if run.config_fingerprint != p.fingerprint {
         return Decision::Interrupt {
-            event: "resume_skipped_config_changed",
+            event: Event::ResumeSkippedConfigChanged {
+                stored_fingerprint: run.config_fingerprint.clone(),
+                current_fingerprint: p.fingerprint.clone(),
+            },
             reason: "config_changed",
             message: "Pipeline steps changed while this run was down; resuming under different semantics is refused.".into(),
-            fields: json!({"stored_fingerprint": run.config_fingerprint, "current_fingerprint": p.fingerprint}),
         };
     }
     let limit = durable
@@ -66,21 +68,25 @@ pub fn decide(run: &RunRecord, pipelines: &PipelineSet, config: &Config, now_ms:
     let age_seconds = (now_ms - run.triggered_at).max(0) as f64 / 1000.0;
     if age_seconds > limit as f64 {
         return Decision::Interrupt {
-            event: "resume_skipped_max_age_exceeded",
+            event: Event::ResumeSkippedMaxAgeExceeded {
+                age_seconds,
+                max_resume_age_seconds: limit,
+            },
             reason: "max_age_exceeded",
             message: format!(
                 "Run is {age_seconds:.0}s old, over max_resume_age_seconds={limit}; not resumed."
             ),
-            fields: json!({"age_seconds": age_seconds, "max_resume_age_seconds": limit}),
         };
     }
     let max = config.durability.max_resume_attempts;
     if run.resume_count >= max {
         return Decision::Interrupt {
-            event: "resume_attempts_exhausted",
+            event: Event::ResumeAttemptsExhausted {
+                resume_count: run.resume_count,
+                max_resume_attempts: max,
+            },
             reason: "resume_attempts_exhausted",
             message: format!("Run was already resumed {} time(s) (max_resume_attempts={max}); not resumed again.", run.resume_count),
-            fields: json!({"resume_count": run.resume_count, "max_resume_attempts": max}),
         };
     }
     Decision::Resume
@@ -101,7 +107,10 @@ pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
                 if owners.gone(&owner) {
                     // Read again now that the owner's lock is ours: it may have
                     // ended the run between the listing and the probe.
-                    if let Some(run) = engine.store.run(&run.id)?.filter(|r| r.status == "running")
+                    if let Some(run) = engine
+                        .store
+                        .run(&run.id)?
+                        .filter(|r| r.status == RunStatus::Running)
                     {
                         adopted.insert(run.id.clone());
                         runs.push(run);
@@ -161,7 +170,11 @@ pub async fn adopt_orphans(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error
             continue;
         }
         // Read after the owner's lock was taken: nothing changes it any more.
-        if let Some(run) = engine.store.run(&run_id)?.filter(|r| r.status == "running") {
+        if let Some(run) = engine
+            .store
+            .run(&run_id)?
+            .filter(|r| r.status == RunStatus::Running)
+        {
             adopted.insert(run.id.clone());
             runs.push(run);
         }
@@ -273,27 +286,28 @@ async fn settle(
         match decide(&run, &pipelines, &engine.config, now) {
             Decision::Resume => resume.push(run),
             Decision::Interrupt {
-                event: name,
+                event,
                 reason,
                 message,
-                fields,
             } => {
                 tracing::warn!(run_id = %run.id, pipeline = %run.pipeline_name, reason, "Run not resumed: {message}");
                 crate::telemetry::run_interrupted(&run.pipeline_name, reason);
-                writes.push(event(&run.id, now, "warn", name, message.clone(), fields));
-                if name != "run_interrupted" {
-                    writes.push(event(
-                        &run.id,
-                        now,
-                        "warn",
-                        "run_interrupted",
-                        "Service restarted while this run was in progress.",
-                        json!({"reason": reason}),
-                    ));
+                writes.push(event.write(&run.id, now, message.clone()));
+                if !matches!(event, Event::RunInterrupted { .. }) {
+                    writes.push(
+                        Event::RunInterrupted {
+                            reason: reason.to_string(),
+                        }
+                        .write(
+                            &run.id,
+                            now,
+                            "Service restarted while this run was in progress.",
+                        ),
+                    );
                 }
                 writes.push(Write::FinishRun {
                     run_id: run.id.clone(),
-                    status: "interrupted".into(),
+                    status: RunStatus::Interrupted,
                     completed_at: now,
                     terminal_step: None,
                     reason: Some(message),

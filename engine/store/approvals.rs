@@ -2,8 +2,9 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::connection::{query_all, query_opt, Cols};
+use super::connection::{query_all, query_opt, word_at, Cols};
 use super::{Error, Outcome, Store};
+use crate::domain::{ApprovalStatus, RunId, UnixMillis};
 
 /// A row of `pending_approvals`. `status` is one of `pending`, `approved`, `rejected`,
 /// `timeout`, `closed`; `delivery_json` records where the request was delivered (for
@@ -11,18 +12,18 @@ use super::{Error, Outcome, Store};
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApprovalRecord {
     pub token: String,
-    pub run_id: String,
+    pub run_id: RunId,
     pub step_path: String,
     pub pipeline_name: String,
     pub message: String,
     pub team: Option<String>,
     pub stage: String,
     pub channel: Option<String>,
-    pub created_at: i64,
-    pub deadline_at: i64,
-    pub status: String,
+    pub created_at: UnixMillis,
+    pub deadline_at: UnixMillis,
+    pub status: ApprovalStatus,
     pub decided_by: Option<String>,
-    pub decided_at: Option<i64>,
+    pub decided_at: Option<UnixMillis>,
     pub delivery_json: Option<String>,
 }
 
@@ -44,7 +45,7 @@ impl ApprovalRecord {
             channel: c.get("channel")?,
             created_at: c.get("created_at")?,
             deadline_at: c.get("deadline_at")?,
-            status: c.get("status")?,
+            status: c.word("status")?,
             decided_by: c.get("decided_by")?,
             decided_at: c.get("decided_at")?,
             delivery_json: c.get("delivery_json")?,
@@ -68,7 +69,7 @@ pub(super) fn insert(conn: &Connection, a: &ApprovalRecord) -> rusqlite::Result<
         a.channel,
         a.created_at,
         a.deadline_at,
-        a.status,
+        a.status.as_str(),
         a.decided_by,
         a.decided_at,
         a.delivery_json,
@@ -91,7 +92,7 @@ pub(super) fn set_delivery(
 pub(super) fn decide(
     conn: &Connection,
     token: &str,
-    status: &str,
+    status: ApprovalStatus,
     by: Option<&str>,
     at: i64,
 ) -> rusqlite::Result<Outcome> {
@@ -100,13 +101,13 @@ pub(super) fn decide(
             "UPDATE pending_approvals SET status = ?2, decided_by = ?3, decided_at = ?4 \
              WHERE token = ?1 AND status = 'pending'",
         )?
-        .execute(params![token, status, by, at])?;
+        .execute(params![token, status.as_str(), by, at])?;
     if changed > 0 {
         return Ok(Outcome::ApprovalDecided);
     }
-    let current: Option<String> = conn
+    let current: Option<ApprovalStatus> = conn
         .prepare_cached("SELECT status FROM pending_approvals WHERE token = ?1")?
-        .query_row([token], |r| r.get(0))
+        .query_row([token], |r| word_at(r, 0))
         .optional()?;
     Ok(match current {
         Some(status) => Outcome::ApprovalAlreadyDecided { status },
@@ -133,13 +134,16 @@ impl Store {
     }
 
     /// Oldest first.
-    pub fn approvals_with_status(&self, status: &str) -> Result<Vec<ApprovalRecord>, Error> {
+    pub fn approvals_with_status(
+        &self,
+        status: ApprovalStatus,
+    ) -> Result<Vec<ApprovalRecord>, Error> {
         self.read(|conn| {
             let sql = format!(
                 "SELECT {COLUMNS} FROM pending_approvals WHERE status = ?1 \
                  ORDER BY created_at, token"
             );
-            query_all(conn, TABLE, &sql, [status], ApprovalRecord::decode)
+            query_all(conn, TABLE, &sql, [status.as_str()], ApprovalRecord::decode)
         })
     }
 

@@ -125,6 +125,29 @@ impl Cols<'_, '_> {
             detail: e.to_string(),
         })
     }
+
+    /// A TEXT column holding one of `T`'s words; any other word is a corrupt row.
+    pub(super) fn word<T: crate::domain::Word>(&self, column: &'static str) -> Result<T, Error> {
+        let text: String = self.get(column)?;
+        crate::domain::parse_word(&text).map_err(|e| Error::Corrupt {
+            table: self.table,
+            column,
+            detail: e.to_string(),
+        })
+    }
+}
+
+/// Column `idx` of a raw row as one of `T`'s words, for the few statements the
+/// writer answers from (`Outcome::DuplicateRecent`, `Outcome::ApprovalAlreadyDecided`):
+/// any other word fails the statement as a conversion error instead of panicking.
+pub(super) fn word_at<T: crate::domain::Word>(
+    row: &rusqlite::Row,
+    idx: usize,
+) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    crate::domain::parse_word(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 /// Runs a query and decodes every row.

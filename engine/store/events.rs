@@ -4,14 +4,15 @@ use rusqlite::{params, Connection};
 
 use super::connection::{query_all, Cols};
 use super::{Error, Outcome, Store};
+use crate::domain::{RunId, UnixMillis};
 
 /// A row of `run_events`. `id` is assigned by the database; whatever value is passed
 /// in on insert is ignored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EventRecord {
     pub id: i64,
-    pub run_id: String,
-    pub ts: i64,
+    pub run_id: RunId,
+    pub ts: UnixMillis,
     pub level: String,
     pub event: String,
     pub msg: String,

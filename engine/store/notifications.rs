@@ -8,6 +8,7 @@ use rusqlite::{params, Connection};
 
 use super::connection::{query_all, Cols};
 use super::{Error, Outcome, Store};
+use crate::domain::{NotificationStatus, RunId, UnixMillis};
 
 /// A row of `notifications`. `id` is chosen by the caller deterministically (for
 /// example `<run_id>:<action>:<n>`) so that recording it again after a resume is a
@@ -15,13 +16,13 @@ use super::{Error, Outcome, Store};
 #[derive(Debug, Clone, PartialEq)]
 pub struct NotificationRecord {
     pub id: String,
-    pub run_id: String,
+    pub run_id: RunId,
     pub action: String,
     pub channel: String,
     pub message: String,
-    pub status: String,
-    pub created_at: i64,
-    pub sent_at: Option<i64>,
+    pub status: NotificationStatus,
+    pub created_at: UnixMillis,
+    pub sent_at: Option<UnixMillis>,
     pub error: Option<String>,
 }
 
@@ -37,7 +38,7 @@ impl NotificationRecord {
             action: c.get("action")?,
             channel: c.get("channel")?,
             message: c.get("message")?,
-            status: c.get("status")?,
+            status: c.word("status")?,
             created_at: c.get("created_at")?,
             sent_at: c.get("sent_at")?,
             error: c.get("error")?,
@@ -58,7 +59,7 @@ pub(super) fn insert(conn: &Connection, n: &NotificationRecord) -> rusqlite::Res
         n.action,
         n.channel,
         n.message,
-        n.status,
+        n.status.as_str(),
         n.created_at,
         n.sent_at,
         n.error,
@@ -70,14 +71,14 @@ pub(super) fn insert(conn: &Connection, n: &NotificationRecord) -> rusqlite::Res
 pub(super) fn mark(
     conn: &Connection,
     id: &str,
-    status: &str,
+    status: NotificationStatus,
     at: i64,
     error: Option<&str>,
 ) -> rusqlite::Result<Outcome> {
     conn.prepare_cached(
         "UPDATE notifications SET status = ?2, sent_at = ?3, error = ?4 WHERE id = ?1",
     )?
-    .execute(params![id, status, at, error])?;
+    .execute(params![id, status.as_str(), at, error])?;
     Ok(Outcome::Done)
 }
 

@@ -2,21 +2,22 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::connection::{query_all, query_opt, Cols};
+use super::connection::{query_all, query_opt, word_at, Cols};
 use super::{Error, Outcome, Store};
+use crate::domain::{RunId, RunStatus, UnixMillis};
 
 /// A row of `pipeline_runs`. JSON columns hold serialised JSON the store never parses.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
-    pub id: String,
+    pub id: RunId,
     pub pipeline_name: String,
-    pub status: String,
+    pub status: RunStatus,
     pub source: String,
     pub team: Option<String>,
     pub stage: String,
-    pub triggered_at: i64,
-    pub completed_at: Option<i64>,
-    pub resumed_at: Option<i64>,
+    pub triggered_at: UnixMillis,
+    pub completed_at: Option<UnixMillis>,
+    pub resumed_at: Option<UnixMillis>,
     pub resume_count: u32,
     pub config_fingerprint: String,
     pub parent_run_id: Option<String>,
@@ -59,7 +60,7 @@ impl RunRecord {
         Ok(RunRecord {
             id: c.get("id")?,
             pipeline_name: c.get("pipeline_name")?,
-            status: c.get("status")?,
+            status: c.word("status")?,
             source: c.get("source")?,
             team: c.get("team")?,
             stage: c.get("stage")?,
@@ -96,14 +97,14 @@ pub(super) fn insert_dedup(
     }
     if let Some(fingerprint) = &run.dedup_fingerprint {
         // Newest first straight off `ix_pipeline_runs_dedup`: no sort, no temp table.
-        let recent: Option<(String, String)> = conn
+        let recent: Option<(String, RunStatus)> = conn
             .prepare_cached(
                 "SELECT id, status FROM pipeline_runs WHERE pipeline_name = ?1 \
                  AND dedup_fingerprint = ?2 AND triggered_at >= ?3 \
                  ORDER BY triggered_at DESC LIMIT 1",
             )?
             .query_row(params![run.pipeline_name, fingerprint, window_start], |r| {
-                Ok((r.get(0)?, r.get(1)?))
+                Ok((r.get(0)?, word_at(r, 1)?))
             })
             .optional()?;
         if let Some((existing_run_id, status)) = recent {
@@ -126,7 +127,8 @@ pub(super) fn insert(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Out
 /// A running run of the same pipeline and dedup fingerprint always suppresses a new
 /// running one (the partial unique index would refuse it anyway).
 fn running_duplicate(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Option<Outcome>> {
-    let (true, Some(fingerprint)) = (run.status == "running", &run.dedup_fingerprint) else {
+    let (true, Some(fingerprint)) = (run.status == RunStatus::Running, &run.dedup_fingerprint)
+    else {
         return Ok(None);
     };
     let existing: Option<String> = conn
@@ -143,7 +145,7 @@ fn insert_row(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Outcome> {
     conn.prepare_cached(INSERT)?.execute(params![
         run.id,
         run.pipeline_name,
-        run.status,
+        run.status.as_str(),
         run.source,
         run.team,
         run.stage,
@@ -171,7 +173,7 @@ fn insert_row(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Outcome> {
 pub(super) fn finish(
     conn: &Connection,
     run_id: &str,
-    status: &str,
+    status: RunStatus,
     completed_at: i64,
     terminal_step: Option<&str>,
     reason: Option<&str>,
@@ -184,7 +186,7 @@ pub(super) fn finish(
         )?
         .execute(params![
             run_id,
-            status,
+            status.as_str(),
             completed_at,
             terminal_step,
             reason,
@@ -233,7 +235,7 @@ pub(super) fn set_owner(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DuplicateOf {
     pub run_id: String,
-    pub status: String,
+    pub status: RunStatus,
     /// True when it is `running` (always suppresses), false when it is a run
     /// triggered inside the dedup window.
     pub running: bool,
@@ -264,7 +266,7 @@ impl Store {
             if let Some(run_id) = running {
                 return Ok(Some(DuplicateOf {
                     run_id,
-                    status: "running".into(),
+                    status: RunStatus::Running,
                     running: true,
                 }));
             }
@@ -280,7 +282,7 @@ impl Store {
                 st.query_row(params![pipeline, fingerprint, window_start], |r| {
                     Ok(DuplicateOf {
                         run_id: r.get(0)?,
-                        status: r.get(1)?,
+                        status: word_at(r, 1)?,
                         running: false,
                     })
                 })
@@ -378,12 +380,12 @@ impl Store {
     }
 
     /// Oldest first, the order in which the startup sweep should resume them.
-    pub fn runs_with_status(&self, status: &str) -> Result<Vec<RunRecord>, Error> {
+    pub fn runs_with_status(&self, status: RunStatus) -> Result<Vec<RunRecord>, Error> {
         self.read(|conn| {
             let sql = format!(
                 "SELECT {COLUMNS} FROM pipeline_runs WHERE status = ?1 ORDER BY triggered_at, id"
             );
-            query_all(conn, TABLE, &sql, [status], RunRecord::decode)
+            query_all(conn, TABLE, &sql, [status.as_str()], RunRecord::decode)
         })
     }
 
@@ -409,11 +411,11 @@ impl Store {
         })
     }
 
-    pub fn count_runs_with_status(&self, status: &str) -> Result<u64, Error> {
+    pub fn count_runs_with_status(&self, status: RunStatus) -> Result<u64, Error> {
         self.read(|conn| {
             let count: i64 = conn
                 .prepare_cached("SELECT COUNT(*) FROM pipeline_runs WHERE status = ?1")?
-                .query_row([status], |r| r.get(0))?;
+                .query_row([status.as_str()], |r| r.get(0))?;
             u64::try_from(count).map_err(|e| Error::Corrupt {
                 table: TABLE,
                 column: "COUNT(*)",

@@ -5,23 +5,24 @@ use rusqlite::{params, Connection};
 
 use super::connection::{query_all, Cols};
 use super::{Error, Outcome, Store};
+use crate::domain::{RunId, StepKind, StepStatus, UnixMillis};
 
 /// A row of `pipeline_steps`. `kind` is one of `step`, `parallel`, `branch`, `fan_out`,
 /// `fan_out_branch`; `items_json` is the fan-out item list, recorded when it starts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRecord {
-    pub run_id: String,
+    pub run_id: RunId,
     pub step_path: String,
     pub step_index: u32,
-    pub kind: String,
+    pub kind: StepKind,
     pub executor: String,
     pub agent: Option<String>,
-    pub status: String,
+    pub status: StepStatus,
     pub attempts: u32,
     pub iteration: u32,
     pub idempotency_key: String,
-    pub started_at: i64,
-    pub finished_at: Option<i64>,
+    pub started_at: UnixMillis,
+    pub finished_at: Option<UnixMillis>,
     pub duration_ms: Option<u64>,
     pub primary_confidence: Option<f64>,
     pub effective_confidence: Option<f64>,
@@ -46,10 +47,10 @@ impl StepRecord {
             run_id: c.get("run_id")?,
             step_path: c.get("step_path")?,
             step_index: c.get("step_index")?,
-            kind: c.get("kind")?,
+            kind: c.word("kind")?,
             executor: c.get("executor")?,
             agent: c.get("agent")?,
-            status: c.get("status")?,
+            status: c.word("status")?,
             attempts: c.get("attempts")?,
             iteration: c.get("iteration")?,
             idempotency_key: c.get("idempotency_key")?,
@@ -93,10 +94,10 @@ pub(super) fn upsert(conn: &Connection, step: &StepRecord) -> rusqlite::Result<O
         step.run_id,
         step.step_path,
         step.step_index,
-        step.kind,
+        step.kind.as_str(),
         step.executor,
         step.agent,
-        step.status,
+        step.status.as_str(),
         step.attempts,
         step.iteration,
         step.idempotency_key,

@@ -29,6 +29,7 @@ use super::error::is_transient;
 use super::health::Health;
 use super::{approvals, events, kv, notifications, runs, steps};
 use super::{ApprovalRecord, Error, EventRecord, NotificationRecord, RunRecord, StepRecord};
+use crate::domain::{ApprovalStatus, NotificationStatus, RunStatus};
 
 /// One change to the store. A caller's `Vec<Write>` is applied atomically, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,7 +58,7 @@ pub enum Write {
     /// Records the terminal state of a run that is still `running`.
     FinishRun {
         run_id: String,
-        status: String,
+        status: RunStatus,
         completed_at: i64,
         terminal_step: Option<String>,
         reason: Option<String>,
@@ -82,7 +83,7 @@ pub enum Write {
     /// Decides an approval if it is still pending; the first decision wins.
     DecideApproval {
         token: String,
-        status: String,
+        status: ApprovalStatus,
         by: Option<String>,
         at: i64,
     },
@@ -95,7 +96,7 @@ pub enum Write {
     InsertNotification(NotificationRecord),
     MarkNotification {
         id: String,
-        status: String,
+        status: NotificationStatus,
         at: i64,
         error: Option<String>,
     },
@@ -129,14 +130,14 @@ pub enum Outcome {
     /// `InsertRunDedup` found a run triggered inside the dedup window.
     DuplicateRecent {
         existing_run_id: String,
-        status: String,
+        status: RunStatus,
     },
     /// `FinishRun` found the run missing or already finished; nothing was changed.
     NotRunning,
     ApprovalDecided,
     /// Somebody (or the deadline) decided first; this is the recorded status.
     ApprovalAlreadyDecided {
-        status: String,
+        status: ApprovalStatus,
     },
     ApprovalUnknown,
     /// `PruneFinishedBefore` deleted this many runs.
@@ -203,7 +204,7 @@ impl Write {
             } => runs::finish(
                 conn,
                 run_id,
-                status,
+                *status,
                 *completed_at,
                 terminal_step.as_deref(),
                 reason.as_deref(),
@@ -225,7 +226,7 @@ impl Write {
                 status,
                 by,
                 at,
-            } => approvals::decide(conn, token, status, by.as_deref(), *at),
+            } => approvals::decide(conn, token, *status, by.as_deref(), *at),
             Write::CloseApprovalsOfRun { run_id, at } => approvals::close_of_run(conn, run_id, *at),
             Write::InsertNotification(n) => notifications::insert(conn, n),
             Write::MarkNotification {
@@ -233,7 +234,7 @@ impl Write {
                 status,
                 at,
                 error,
-            } => notifications::mark(conn, id, status, *at, error.as_deref()),
+            } => notifications::mark(conn, id, *status, *at, error.as_deref()),
             Write::SetKv { key, value } => kv::set(conn, key, value),
             Write::PruneFinishedBefore { cutoff } => runs::prune(conn, *cutoff),
             Write::SetRunOwner { run_id, owner } => runs::set_owner(conn, run_id, owner.as_deref()),

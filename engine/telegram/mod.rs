@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use crate::domain::{ApprovalStatus, RunStatus};
 use crate::executor::BoxFuture;
 use crate::runner::{ApprovalChange, ApprovalDelivery, ChatChannel, Engine};
 use crate::store::{ApprovalRecord, Store};
@@ -110,7 +111,7 @@ impl Announcer {
         match self.store.approvals_of_run(run_id) {
             Ok(list) => list
                 .into_iter()
-                .filter(|a| a.status == "closed")
+                .filter(|a| a.status == ApprovalStatus::Closed)
                 .for_each(|a| self.announce(a)),
             Err(e) => {
                 tracing::warn!(run_id, error = %e, "Cannot read approvals to update their Telegram messages.")
@@ -127,12 +128,12 @@ impl Announcer {
         else {
             return;
         };
-        let run_status = if a.status == "closed" {
+        let run_status = if a.status == ApprovalStatus::Closed {
             self.store.run(&a.run_id).ok().flatten().map(|r| r.status)
         } else {
             None
         };
-        let Some(line) = outcome_line(&a, run_status.as_deref()) else {
+        let Some(line) = outcome_line(&a, run_status.map(RunStatus::as_str)) else {
             return;
         };
         let client = match Client::new(&self.cfg, self.http.clone()) {
@@ -156,15 +157,17 @@ impl Announcer {
 pub fn outcome_line(a: &ApprovalRecord, run_status: Option<&str>) -> Option<String> {
     let at = a.decided_at.map(crate::clock::rfc3339).unwrap_or_default();
     let by = a.decided_by.as_deref().unwrap_or("someone");
-    Some(match a.status.as_str() {
-        "approved" => format!("✅ Approved by {by} at {at}"),
-        "rejected" => format!("❌ Rejected by {by} at {at}"),
-        "timeout" => format!("⌛ Timed out at {at}: nobody decided before the deadline."),
-        "closed" => format!(
+    Some(match a.status {
+        ApprovalStatus::Approved => format!("✅ Approved by {by} at {at}"),
+        ApprovalStatus::Rejected => format!("❌ Rejected by {by} at {at}"),
+        ApprovalStatus::Timeout => {
+            format!("⌛ Timed out at {at}: nobody decided before the deadline.")
+        }
+        ApprovalStatus::Closed => format!(
             "⛔ Closed at {at}: the run ended ({}) before a decision.",
-            run_status.unwrap_or("stopped")
+            run_status.unwrap_or(RunStatus::Stopped.as_str())
         ),
-        _ => return None,
+        ApprovalStatus::Pending => return None,
     })
 }
 

@@ -210,7 +210,7 @@ mod tests {
             channel: Some("telegram".into()),
             created_at: 0,
             deadline_at: 1,
-            status: "pending".into(),
+            status: crate::domain::ApprovalStatus::Pending,
             decided_by: None,
             decided_at: None,
             delivery_json: delivery.map(str::to_string),

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::super::{ApprovalChange, ApprovalDelivery, Engine};
 use crate::config::Config;
+use crate::domain::{ApprovalStatus, Channel, SendResult};
 use crate::store::{ApprovalRecord, Write};
 
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
@@ -33,9 +34,9 @@ impl Route {
     /// The `channel` column.
     pub fn channel(&self) -> &'static str {
         match self {
-            Route::Telegram { .. } => "telegram",
-            Route::Webhook { .. } => "webhook",
-            Route::Page => "page",
+            Route::Telegram { .. } => Channel::Telegram.as_str(),
+            Route::Webhook { .. } => Channel::Webhook.as_str(),
+            Route::Page => Channel::Page.as_str(),
         }
     }
 }
@@ -53,8 +54,8 @@ pub fn route(config: &Config, team: Option<&str>) -> Route {
             None => Route::Page,
         };
     };
-    match r.channel.as_str() {
-        "telegram" => {
+    match Channel::parse(&r.channel) {
+        Some(Channel::Telegram) => {
             let chat = r
                 .chat_id
                 .clone()
@@ -67,7 +68,7 @@ pub fn route(config: &Config, team: Option<&str>) -> Route {
                 }
             }
         }
-        "webhook" => match &r.url {
+        Some(Channel::Webhook) => match &r.url {
             Some(url) => Route::Webhook { url: url.clone() },
             None => Route::Page,
         },
@@ -81,9 +82,12 @@ pub fn route(config: &Config, team: Option<&str>) -> Route {
 /// far as the store knows) when the wait is re-armed.
 pub fn undelivered(a: &ApprovalRecord) -> bool {
     a.stage == "production"
-        && a.status == "pending"
+        && a.status == ApprovalStatus::Pending
         && a.delivery_json.is_none()
-        && matches!(a.channel.as_deref(), Some("telegram" | "webhook"))
+        && matches!(
+            a.channel.as_deref().and_then(Channel::parse),
+            Some(Channel::Telegram | Channel::Webhook)
+        )
 }
 
 /// Delivers `a` on a background task.
@@ -118,12 +122,12 @@ async fn deliver(
         match send(&engine, &a, &route).await {
             Ok(mut delivery) => {
                 delivery.delivered_at = Some(engine.now_ms());
-                crate::telemetry::notification(channel, "sent");
+                crate::telemetry::notification(channel, SendResult::Sent.as_str());
                 record(&engine, &a, delivery).await;
                 return;
             }
             Err(e) => {
-                crate::telemetry::notification(channel, "failed");
+                crate::telemetry::notification(channel, SendResult::Failed.as_str());
                 tracing::warn!(run_id = %a.run_id, step = %a.step_path, channel, error = %e,
                     retry_in_ms = backoff.as_millis() as u64,
                     "Cannot deliver the approval request; it stays decidable on the approvals page. Retrying.");
@@ -140,7 +144,7 @@ async fn deliver(
 
 fn still_pending(engine: &Engine, token: &str) -> bool {
     match engine.store.approval(token) {
-        Ok(Some(a)) => a.status == "pending",
+        Ok(Some(a)) => a.status == ApprovalStatus::Pending,
         Ok(None) => false,
         // An unreadable store is not a reason to give up on the message.
         Err(_) => true,
@@ -183,7 +187,7 @@ async fn send(
                 return Err(format!("webhook answered HTTP {}", resp.status().as_u16()));
             }
             Ok(ApprovalDelivery {
-                channel: "webhook".into(),
+                channel: Channel::Webhook.to_string(),
                 chat_id: None,
                 message_id: None,
                 url: Some(url.clone()),

@@ -17,11 +17,11 @@
 use std::sync::Arc;
 
 use rand::RngCore;
-use serde_json::json;
 
-use super::records::event;
 use super::step::{CallFailure, HumanMode};
 use super::{ApprovalChange, Engine};
+use crate::domain::{ApprovalStatus, StepKind, StepStatus};
+use crate::events::Event;
 use crate::executor::{BoxFuture, Call, Outcome};
 use crate::store::{ApprovalRecord, Write};
 use wait::Waiting;
@@ -76,7 +76,7 @@ async fn request(
         .map_err(|e| fail(e.to_string()))?
         .into_iter()
         .rfind(|a| a.step_path == call.step_path)
-        .filter(|a| a.status != "closed" && !used(engine, &a.token));
+        .filter(|a| a.status != ApprovalStatus::Closed && !used(engine, &a.token));
     match existing {
         // The same process parked this wait: nothing to log, nothing owed.
         Some(a) if unparked => Ok(Waiting::of(&a)),
@@ -94,7 +94,7 @@ async fn rearm(
     a: ApprovalRecord,
     now: i64,
 ) -> Result<Waiting, CallFailure> {
-    let msg = if a.status == "pending" {
+    let msg = if a.status == ApprovalStatus::Pending {
         format!(
             "Re-armed approval for {} after restart; the message was not sent again",
             call.step_path
@@ -105,14 +105,13 @@ async fn rearm(
             call.step_path, a.status
         )
     };
-    let ev = event(
-        call.run_id,
-        now,
-        "warn",
-        "approval_rearmed",
-        msg,
-        json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "status": a.status}),
-    );
+    let ev = Event::ApprovalRearmed {
+        step: call.step_path.to_string(),
+        token: a.token.clone(),
+        deadline_at: crate::clock::rfc3339(a.deadline_at),
+        status: a.status,
+    }
+    .write(call.run_id, now, msg);
     let w = Waiting::of(&a);
     // The previous process chose a channel but never confirmed a send.
     let owed = delivery::undelivered(&a).then_some(a);
@@ -150,19 +149,22 @@ async fn create(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Result<Waiti
         channel: production.then(|| route.channel().to_string()),
         created_at: now,
         deadline_at: now + timeout_ms,
-        status: "pending".into(),
+        status: ApprovalStatus::Pending,
         decided_by: None,
         decided_at: None,
         delivery_json: None,
     };
     let url = delivery::page_url(&engine.config, &a.token);
-    let ev = event(
+    let ev = Event::ApprovalRequested {
+        step: call.step_path.to_string(),
+        token: a.token.clone(),
+        deadline_at: crate::clock::rfc3339(a.deadline_at),
+        url: url.clone(),
+    }
+    .write(
         call.run_id,
         now,
-        "info",
-        "approval_requested",
         format!("Approval requested for {}: {url}", call.step_path),
-        json!({"step": call.step_path, "token": a.token, "deadline_at": crate::clock::rfc3339(a.deadline_at), "url": url}),
     );
     crate::runner::persist::commit(
         engine,
@@ -200,14 +202,14 @@ fn waiting(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Write {
                 run_id: call.run_id,
                 path: call.step_path,
                 index: 0,
-                kind: "step",
+                kind: StepKind::Step,
                 action: Some(call.action),
                 started_at: now,
                 attempt: call.attempt,
                 iteration: 1,
             })
         });
-    rec.status = "waiting".into();
+    rec.status = StepStatus::Waiting;
     Write::UpsertStep(rec)
 }
 

@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::super::records::event;
 use super::super::step::CallFailure;
 use super::super::Engine;
 use super::fail;
+use crate::domain::ApprovalStatus;
+use crate::events::Event;
 use crate::executor::{Call, Outcome};
 use crate::run::{StepOutput, Usage};
 use crate::runner::ApprovalChange;
@@ -103,12 +104,12 @@ fn read(engine: &Engine, w: &Waiting) -> Result<Option<Result<Outcome, CallFailu
         .map_err(|e| fail(e.to_string()))?
         .ok_or_else(|| fail("approval vanished"))?;
     let by = current.decided_by.as_deref().unwrap_or("unknown");
-    Ok(Some(match current.status.as_str() {
-        "approved" => Ok(decided(true, by, &w.token)),
-        "rejected" => Ok(decided(false, by, &w.token)),
-        "closed" => Err(fail("approval closed")),
-        "timeout" => Err(fail("Human approval timed out")),
-        _ => return Ok(None),
+    Ok(Some(match current.status {
+        ApprovalStatus::Approved => Ok(decided(true, by, &w.token)),
+        ApprovalStatus::Rejected => Ok(decided(false, by, &w.token)),
+        ApprovalStatus::Closed => Err(fail("approval closed")),
+        ApprovalStatus::Timeout => Err(fail("Human approval timed out")),
+        ApprovalStatus::Pending => return Ok(None),
     }))
 }
 
@@ -158,10 +159,14 @@ async fn deadline(
     w: &Waiting,
     now: i64,
 ) -> Result<Option<Result<Outcome, CallFailure>>, CallFailure> {
-    let status = if w.testing { "approved" } else { "timeout" };
+    let status = if w.testing {
+        ApprovalStatus::Approved
+    } else {
+        ApprovalStatus::Timeout
+    };
     let decide = Write::DecideApproval {
         token: w.token.clone(),
-        status: status.into(),
+        status,
         by: Some("deadline".into()),
         at: now,
     };
@@ -170,16 +175,18 @@ async fn deadline(
     } else {
         ""
     };
-    let ev = event(
+    let ev = Event::ApprovalTimedOut {
+        step: call.step_path.to_string(),
+        token: w.token.clone(),
+        auto_approved: w.testing,
+    }
+    .write(
         call.run_id,
         now,
-        "warn",
-        "approval_timed_out",
         format!(
             "Approval for {} passed its deadline{suffix}",
             call.step_path
         ),
-        json!({"step": call.step_path, "token": w.token, "auto_approved": w.testing}),
     );
     let outcomes = crate::runner::persist::commit(engine, call.run_id, vec![decide, ev])
         .await
@@ -190,7 +197,7 @@ async fn deadline(
     ) {
         return Ok(None);
     }
-    crate::telemetry::approval_decided(call.pipeline, "timeout");
+    crate::telemetry::approval_decided(call.pipeline, ApprovalStatus::Timeout.as_str());
     engine.refresh_approvals_gauge();
     engine.publish(ApprovalChange::Decided {
         token: w.token.clone(),
@@ -219,7 +226,9 @@ fn decided(approved: bool, by: &str, token: &str) -> Outcome {
     } else {
         "Human rejected this step.".into()
     };
-    output.extra.insert("approved".into(), json!(approved));
+    output
+        .extra
+        .insert(ApprovalStatus::Approved.to_string(), json!(approved));
     output.extra.insert("decided_by".into(), json!(by));
     output.extra.insert("token".into(), json!(token));
     Outcome {

@@ -121,7 +121,10 @@ fn queued_batches_share_one_transaction() {
         "{THREADS} batches took {} transactions",
         stats.transactions_committed
     );
-    assert_eq!(store.count_runs_with_status("running").unwrap(), THREADS);
+    assert_eq!(
+        store.count_runs_with_status(RunStatus::Running).unwrap(),
+        THREADS
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -146,7 +149,10 @@ async fn many_async_runs_commit_concurrently() {
         let out = task.await.expect("task").expect("commit");
         assert_eq!(out, [Outcome::RunInserted, Outcome::Done, Outcome::Done]);
     }
-    assert_eq!(store.count_runs_with_status("running").unwrap(), 200);
+    assert_eq!(
+        store.count_runs_with_status(RunStatus::Running).unwrap(),
+        200
+    );
     assert_eq!(store.steps("r199").unwrap().len(), 1);
 }
 

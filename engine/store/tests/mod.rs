@@ -7,6 +7,8 @@ mod semantics;
 
 use std::path::Path;
 
+use crate::domain::{ApprovalStatus, NotificationStatus, RunStatus, StepKind, StepStatus};
+
 use super::{
     ApprovalRecord, EventRecord, NotificationRecord, Outcome, RunRecord, StepRecord, Store, Write,
 };
@@ -33,7 +35,7 @@ fn run(id: &str) -> RunRecord {
     RunRecord {
         id: id.into(),
         pipeline_name: "disk-full".into(),
-        status: "running".into(),
+        status: RunStatus::Running,
         source: "webhook".into(),
         team: None,
         stage: "prod".into(),
@@ -60,10 +62,10 @@ fn step(run_id: &str, path: &str, index: u32) -> StepRecord {
         run_id: run_id.into(),
         step_path: path.into(),
         step_index: index,
-        kind: "step".into(),
+        kind: StepKind::Step,
         executor: "shell".into(),
         agent: None,
-        status: "running".into(),
+        status: StepStatus::Running,
         attempts: 1,
         iteration: 1,
         idempotency_key: format!("{run_id}:{path}:1"),
@@ -105,7 +107,7 @@ fn approval(token: &str, run_id: &str) -> ApprovalRecord {
         channel: None,
         created_at: 1_700_000_000_300,
         deadline_at: 1_700_000_600_300,
-        status: "pending".into(),
+        status: ApprovalStatus::Pending,
         decided_by: None,
         decided_at: None,
         delivery_json: None,
@@ -119,7 +121,7 @@ fn notification(id: &str, run_id: &str) -> NotificationRecord {
         action: "escalate".into(),
         channel: "telegram".into(),
         message: "db1 disk full".into(),
-        status: "pending".into(),
+        status: NotificationStatus::Pending,
         created_at: 1_700_000_000_400,
         sent_at: None,
         error: None,

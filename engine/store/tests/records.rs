@@ -19,7 +19,7 @@ fn run_with_every_column_set_round_trips() {
         terminal_step: Some("fix".into()),
         reason: Some("done".into()),
         final_output_json: Some(r#"{"ok":true}"#.into()),
-        status: "completed".into(),
+        status: RunStatus::Completed,
         ..run("r1")
     };
     let bare = run("r2");
@@ -58,7 +58,7 @@ fn finish_usage_and_resume_update_the_run() {
             },
             Write::FinishRun {
                 run_id: "r1".into(),
-                status: "escalated".into(),
+                status: RunStatus::Escalated,
                 completed_at: 30,
                 terminal_step: Some("check".into()),
                 reason: Some("low confidence".into()),
@@ -80,7 +80,7 @@ fn finish_usage_and_resume_update_the_run() {
     // A second finisher must not overwrite the first terminal status.
     let again = Write::FinishRun {
         run_id: "r1".into(),
-        status: "failed".into(),
+        status: RunStatus::Failed,
         completed_at: 40,
         terminal_step: None,
         reason: None,
@@ -99,7 +99,7 @@ fn run_listing_filters_orders_and_pages() {
     let (_dir, store) = open_temp();
     let mk = |id: &str, pipeline: &str, status: &str, at: i64| RunRecord {
         pipeline_name: pipeline.into(),
-        status: status.into(),
+        status: status.parse().expect("a known status"),
         triggered_at: at,
         ..run(id)
     };
@@ -141,11 +141,11 @@ fn run_listing_filters_orders_and_pages() {
     assert_eq!(ids(store.runs(&both).unwrap()), ["c", "d"]);
 
     assert_eq!(
-        ids(store.runs_with_status("running").unwrap()),
+        ids(store.runs_with_status(RunStatus::Running).unwrap()),
         ["a", "c", "d"]
     );
-    assert_eq!(store.count_runs_with_status("running").unwrap(), 3);
-    assert_eq!(store.count_runs_with_status("failed").unwrap(), 0);
+    assert_eq!(store.count_runs_with_status(RunStatus::Running).unwrap(), 3);
+    assert_eq!(store.count_runs_with_status(RunStatus::Failed).unwrap(), 0);
 }
 
 #[test]
@@ -170,10 +170,10 @@ fn upsert_step_replaces_every_column() {
     let first = step("r1", "fix", 2);
     let done = StepRecord {
         step_index: 3,
-        kind: "fan_out".into(),
+        kind: StepKind::FanOut,
         executor: "llm".into(),
         agent: Some("triage".into()),
-        status: "completed".into(),
+        status: StepStatus::Completed,
         attempts: 2,
         iteration: 4,
         idempotency_key: "k2".into(),
@@ -267,7 +267,7 @@ fn approvals_round_trip_and_close_with_the_run() {
             },
             Write::DecideApproval {
                 token: "t2".into(),
-                status: "approved".into(),
+                status: ApprovalStatus::Approved,
                 by: None,
                 at: 8,
             },
@@ -295,7 +295,7 @@ fn approvals_round_trip_and_close_with_the_run() {
         .approvals_of_run("r1")
         .unwrap()
         .into_iter()
-        .map(|a| (a.token, a.status, a.decided_at))
+        .map(|a| (a.token, a.status.to_string(), a.decided_at))
         .collect();
     assert_eq!(
         statuses,
@@ -305,7 +305,7 @@ fn approvals_round_trip_and_close_with_the_run() {
         ]
     );
     let pending: Vec<_> = store
-        .approvals_with_status("pending")
+        .approvals_with_status(ApprovalStatus::Pending)
         .unwrap()
         .into_iter()
         .map(|a| a.token)
@@ -339,13 +339,13 @@ fn notifications_are_recorded_once_and_marked() {
         vec![
             Write::MarkNotification {
                 id: n1.id.clone(),
-                status: "sent".into(),
+                status: NotificationStatus::Sent,
                 at: 9,
                 error: None,
             },
             Write::MarkNotification {
                 id: "r1:escalate:2".into(),
-                status: "failed".into(),
+                status: NotificationStatus::Failed,
                 at: 10,
                 error: Some("429".into()),
             },
