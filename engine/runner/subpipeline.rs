@@ -21,6 +21,49 @@ fn fail(msg: impl Into<String>) -> CallFailure {
     CallFailure::Error(msg.into())
 }
 
+/// A store failure seen by the step: left for the next start when shutdown cut the
+/// wait short (the run stays `running` and is resumed), else the step's error.
+fn store_failure(engine: &Engine, e: impl std::fmt::Display) -> CallFailure {
+    if engine.is_shutting_down() {
+        CallFailure::Drained
+    } else {
+        fail(e.to_string())
+    }
+}
+
+/// Creates the child run, waiting out a store that cannot write (as the driver's
+/// own commits do): the failed batch wrote nothing, so trying again is safe.
+async fn create_child(
+    engine: &Arc<Engine>,
+    call: &Call<'_>,
+    child: &crate::pipeline::Pipeline,
+    trigger: &Normalised,
+    link: ParentLink,
+) -> Result<Created, CallFailure> {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match engine
+            .create_run(
+                child,
+                trigger,
+                &serde_json::json!({}),
+                Some(link.clone()),
+                None,
+            )
+            .await
+        {
+            Ok(created) => return Ok(created),
+            Err(super::Error::Store(e)) if e.is_retriable() && !engine.is_shutting_down() => {
+                tracing::warn!(run_id = call.run_id, step = call.step_path, error = %e,
+                    "The store cannot take the sub-pipeline's run; the step waits and tries again.");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(store_failure(engine, e)),
+        }
+    }
+}
+
 pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome, CallFailure> {
     let ExecutorConfig::Pipeline(cfg) = &call.action.config else {
         return Err(fail("executor_config.pipeline is missing"));
@@ -29,10 +72,11 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
     let child = engine
         .pipeline(name)
         .ok_or_else(|| fail(format!("Sub-pipeline '{name}' is not loaded")))?;
-    let existing = engine
-        .store
-        .child_run(call.run_id, call.step_path)
-        .map_err(|e| fail(e.to_string()))?;
+    let existing = super::persist::read(engine, call.run_id, || {
+        engine.store.child_run(call.run_id, call.step_path)
+    })
+    .await
+    .map_err(|e| store_failure(engine, e))?;
     let child_id = match existing {
         // Started before a restart: the sweep resumes (or interrupts) it on its own.
         Some(r) if r.status == RunStatus::Running => {
@@ -40,11 +84,11 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
         }
         Some(r) => r.id,
         None => {
-            let parent = engine
-                .store
-                .run(call.run_id)
-                .map_err(|e| fail(e.to_string()))?
-                .ok_or_else(|| fail("parent run vanished"))?;
+            let parent =
+                super::persist::read(engine, call.run_id, || engine.store.run(call.run_id))
+                    .await
+                    .map_err(|e| store_failure(engine, e))?
+                    .ok_or_else(|| fail("parent run vanished"))?;
             let mut trigger: Normalised =
                 serde_json::from_str(&parent.context_json).unwrap_or_default();
             apply_context(&mut trigger, call);
@@ -55,10 +99,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                 run_id: call.run_id.to_string(),
                 step_path: call.step_path.to_string(),
             };
-            let created = engine
-                .create_run(&child, &trigger, &serde_json::json!({}), Some(link), None)
-                .await
-                .map_err(|e| fail(e.to_string()))?;
+            let created = create_child(engine, call, &child, &trigger, link).await?;
             let id = match created {
                 Created::Inserted(id) | Created::Duplicate { run_id: id, .. } => id,
             };
@@ -76,10 +117,9 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
             bounded(call, &id, engine, driven).await?
         }
     };
-    let run = engine
-        .store
-        .run(&child_id)
-        .map_err(|e| fail(e.to_string()))?
+    let run = super::persist::read(engine, call.run_id, || engine.store.run(&child_id))
+        .await
+        .map_err(|e| store_failure(engine, e))?
         .ok_or_else(|| fail("child run vanished"))?;
     let usage = Usage::default();
     match run.status {
@@ -139,6 +179,8 @@ async fn wait_for(engine: &Arc<Engine>, id: &str) -> Result<String, CallFailure>
             Ok(Some(r)) if r.status != RunStatus::Running => return Ok(r.id),
             Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
             Ok(None) => return Err(fail(format!("child run {id} vanished"))),
+            // A store that cannot be read for a while is waited out, like the driver does.
+            Err(e) if e.is_retriable() => tokio::time::sleep(Duration::from_millis(500)).await,
             Err(e) => return Err(fail(e.to_string())),
         }
     }
