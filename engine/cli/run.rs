@@ -476,7 +476,12 @@ async fn answer_on_terminal(engine: Arc<Engine>, run_id: String) {
             .await;
             let approve = matches!(line, Ok(Ok(ref s)) if matches!(s.trim(), "y" | "Y" | "yes"));
             let by = std::env::var("USER").unwrap_or_else(|_| "terminal".into());
-            if let Err(e) = engine.decide_approval(&a.token, approve, &by).await {
+            let decider = vectorstep::runner::Decider {
+                by,
+                via: Some("terminal"),
+                client: None,
+            };
+            if let Err(e) = engine.decide_approval_by(&a.token, approve, &decider).await {
                 eprintln!("could not record the decision: {e}");
             }
         }

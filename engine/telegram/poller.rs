@@ -166,7 +166,7 @@ async fn decide(desk: &ApprovalDesk, press: &Press) -> &'static str {
     let by = format!("{} (Telegram {})", press.user_name, press.user_id);
     let decider = Decider {
         by,
-        via: None,
+        via: Some("telegram"),
         client: None,
     };
     match desk.decide(token, approve, &decider).await {
