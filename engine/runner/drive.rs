@@ -432,22 +432,7 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
             Ok(None)
         }
         Settle::Deliver => {
-            writes.push(rs.ev(
-                Event::StepFailedContinuing {
-                    step: name.clone(),
-                    error: r.error.clone(),
-                },
-                format!("Step {name} failed; on_failure=continue"),
-            ));
-            if let Some(s) = step {
-                let summary = &r.output.summary;
-                writes.extend(outbox::failure_webhook(rs, s, summary, StepStatus::Failed));
-            }
-            rs.commit(writes).await?;
-            // The failure webhook is owed now, not when the run ends.
-            let engine = rs.engine.clone();
-            let run_id = rs.id().to_string();
-            tokio::spawn(async move { outbox::deliver_run(&engine, &run_id).await });
+            deliver_failure(rs, step, &name, &r.output, r.error.clone(), writes).await?;
             Ok(None)
         }
         Settle::Finish(end) => {
@@ -474,6 +459,34 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
                 .map(Some)
         }
     }
+}
+
+/// A failed step with `on_failure: continue`: committed now, and its failure
+/// webhook delivered now, not when the run ends.
+async fn deliver_failure(
+    rs: &mut RunState,
+    step: Option<&crate::pipeline::Step>,
+    name: &str,
+    output: &StepOutput,
+    error: Option<String>,
+    mut writes: Vec<Write>,
+) -> Result<(), Error> {
+    writes.push(rs.ev(
+        Event::StepFailedContinuing {
+            step: name.to_string(),
+            error,
+        },
+        format!("Step {name} failed; on_failure=continue"),
+    ));
+    if let Some(s) = step {
+        let summary = &output.summary;
+        writes.extend(outbox::failure_webhook(rs, s, summary, StepStatus::Failed));
+    }
+    rs.commit(writes).await?;
+    let engine = rs.engine.clone();
+    let run_id = rs.id().to_string();
+    tokio::spawn(async move { outbox::deliver_run(&engine, &run_id).await });
+    Ok(())
 }
 
 /// The template context of the notification a unit that ends the run owes.
