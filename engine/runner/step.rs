@@ -32,6 +32,17 @@ pub(super) enum CallFailure {
     Parked,
 }
 
+impl From<crate::executor::Error> for CallFailure {
+    /// The retry decision follows the executor's own word on its error.
+    fn from(e: crate::executor::Error) -> Self {
+        if e.is_retriable() {
+            CallFailure::Error(e.to_string())
+        } else {
+            CallFailure::Config(e.to_string())
+        }
+    }
+}
+
 /// How a human step may wait (other executors ignore it).
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct HumanMode {
@@ -62,12 +73,12 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
     let ctx = spec.ctx;
     let prompt = templates
         .render(&spec.action.prompt, &ctx)
-        .map_err(|e| CallFailure::Error(format!("template error: {e}")))?;
+        .map_err(|e| CallFailure::Config(format!("template error: {e}")))?;
     let mut rendered = BTreeMap::new();
     for (pointer, t) in &spec.action.config_templates {
         let text = templates
             .render(t, &ctx)
-            .map_err(|e| CallFailure::Error(format!("template error: {e}")))?;
+            .map_err(|e| CallFailure::Config(format!("template error: {e}")))?;
         rendered.insert(pointer.clone(), text);
     }
     drop(ctx);
@@ -94,11 +105,8 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
             // Queued in the outbox, which delivers and retries it (see `outbox`).
             ExecutorKind::Notify => super::outbox::queue_step(spec.rs_engine, &call).await,
             kind => match spec.rs_engine.executors.get(kind) {
-                Some(ex) => ex
-                    .execute(call.clone())
-                    .await
-                    .map_err(|e| CallFailure::Error(e.to_string())),
-                None => Err(CallFailure::Error(format!(
+                Some(ex) => ex.execute(call.clone()).await.map_err(CallFailure::from),
+                None => Err(CallFailure::Config(format!(
                     "executor `{}` is not available in this process",
                     spec.action.executor_name
                 ))),
