@@ -282,7 +282,7 @@ async fn open(
 
 /// How one iteration's attempts ended.
 enum Tried {
-    Output(Outcome),
+    Output(Box<Outcome>),
     /// The last attempt allowed failed with this error.
     Failed(String),
     Drained,
@@ -318,7 +318,7 @@ async fn attempts(
         })
         .await;
         let (msg, retriable) = match result {
-            Ok(o) => return Ok(Tried::Output(o)),
+            Ok(o) => return Ok(Tried::Output(Box::new(o))),
             Err(CallFailure::Drained) => return Ok(Tried::Drained),
             Err(CallFailure::Parked) => return Ok(Tried::Parked),
             Err(CallFailure::Error(msg)) => (msg, true),
