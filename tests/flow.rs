@@ -522,6 +522,41 @@ async fn retry_counts_attempts_and_backs_off() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configuration_error_is_not_retried() {
+    #[rustfmt::skip]
+    let rows: &[(&str, u32, usize, &str)] = &[
+        // step body -> attempts, step_retrying events, reason
+        // A configuration error (the executor cannot work as configured): once.
+        ("executor: shell\n    executor_config: {command: [\"true\"], cwd: /nonexistent/vectorstep-dir}",
+         1, 0, "is not a directory"),
+        // A template that cannot render: once.
+        ("executor: mock\n    prompt_template: \"{{ nope() }}\"", 1, 0, "template error"),
+        // An error of the call itself is retried as before.
+        ("executor: shell\n    executor_config: {command: [\"/nonexistent/vectorstep-program\"]}",
+         3, 2, "cannot start"),
+    ];
+    for &(body, attempts, retries, reason) in rows {
+        let yaml = format!(
+            "name: config-error\ntrigger: {{}}\nsteps:\n  - name: broken\n    {body}\n    retry: {{attempts: 3, backoff: fixed, delay_seconds: 0.01}}\n"
+        );
+        let ran = check(
+            &yaml,
+            Expect {
+                status: "failed",
+                steps: &[("broken", "failed")],
+                events: &["step_failed"],
+                ..Default::default()
+            },
+        )
+        .await;
+        assert_eq!(ran.step("broken").attempts, attempts, "{body}");
+        assert_eq!(ran.fields("step_retrying").len(), retries, "{body}");
+        let got = ran.run.reason.clone().unwrap_or_default();
+        assert!(got.contains(reason), "{body}: reason {got:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_fails_each_attempt() {
     let ran = check(
         r#"

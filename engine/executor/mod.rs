@@ -62,9 +62,18 @@ pub enum Error {
     /// The call could not be made (connection refused, spawn failed).
     #[error("{0}")]
     Transport(String),
-    /// The step's configuration cannot work at run time (missing agent provider).
+    /// The step's configuration cannot work at run time (missing agent provider,
+    /// a config of another executor kind): not retried.
     #[error("{0}")]
     Config(String),
+}
+
+impl Error {
+    /// Whether another attempt may succeed. A configuration error cannot: the
+    /// runner does not retry it, whatever the step's `retry` allows.
+    pub fn is_retriable(&self) -> bool {
+        !matches!(self, Error::Config(_))
+    }
 }
 
 /// The error for an executor handed another kind's config: only a hand-built

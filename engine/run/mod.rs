@@ -1,10 +1,44 @@
 //! The run state machine's pure parts: the output contract, flow decisions (gates,
-//! joins, budgets, fan-out lists), the template context and the resume planner.
-//! Nothing here does I/O; `runner` performs what these functions decide.
+//! joins, budgets, fan-out lists), how a unit settles the run and what a boundary
+//! does (`settle`), what follows an attempt (`attempt`), how a group joins
+//! (`join`), the template context and the resume planner.
+//! Nothing here does I/O, and nothing is `async`: `runner` performs what these
+//! functions decide (`tests::nothing_here_is_async` checks it).
 
+pub mod attempt;
 pub mod context;
 pub mod flow;
+pub mod join;
 pub mod output;
 pub mod plan;
+pub mod settle;
 
 pub use output::{OutputError, StepOutput, Usage};
+
+#[cfg(test)]
+mod tests {
+    /// The machine stays pure: no `async fn`, no tokio, no store handle, no clock.
+    #[test]
+    fn nothing_here_is_async() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/run");
+        // Store rows are data and welcome; the store itself is not.
+        let banned = ["async fn", "tokio", ".await", "store::Store", "clock::"];
+        let mut found = Vec::new();
+        let entries = std::fs::read_dir(&dir).expect("engine/run is readable");
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.file_name().is_some_and(|n| n == "mod.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("a source file is readable");
+            for (n, line) in text.lines().enumerate() {
+                for word in banned {
+                    if line.contains(word) {
+                        found.push(format!("{}:{}: {word}", path.display(), n + 1));
+                    }
+                }
+            }
+        }
+        assert!(found.is_empty(), "run/ must stay pure: {found:#?}");
+    }
+}

@@ -81,7 +81,8 @@ impl BranchJob {
             Ok(o) => (StepStatus::Completed, o.output, o.usage, None),
             // Parked cannot happen (parking is off above); leave it for a restart.
             Err(CallFailure::Drained | CallFailure::Parked) => return Ok(BranchEnd::Drained),
-            Err(CallFailure::Error(msg)) => {
+            // A branch runs once: a configuration error fails it like any other.
+            Err(CallFailure::Error(msg) | CallFailure::Config(msg)) => {
                 let mut out = StepOutput::failed(&msg);
                 out.extra
                     .insert(StepStatus::Failed.to_string(), Value::Bool(true));

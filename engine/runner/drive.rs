@@ -14,6 +14,7 @@ use crate::pipeline::{Entry, Pipeline};
 use crate::run::context::{self, ContextInput, ItemVars, LoopVars, Normalised, Outputs};
 use crate::run::flow;
 use crate::run::plan::{self, InFlight, UnitPlan};
+use crate::run::settle::{self, Boundary, Settle};
 use crate::run::{StepOutput, Usage};
 use crate::store::{RunRecord, StepRecord, Write};
 
@@ -198,7 +199,12 @@ pub(super) async fn drive(
         // A step recorded as started is in flight: a cancel or a drain takes effect
         // at the boundary after it, as for any other step already running.
         let in_flight = i == 0 && rs.opened.is_some();
-        if engine.is_cancelled(rs.id()) && !in_flight {
+        let boundary = settle::before_unit(
+            engine.is_cancelled(rs.id()),
+            engine.is_shutting_down(),
+            in_flight,
+        );
+        if boundary == Boundary::Cancel {
             let w = vec![rs.ev(
                 Event::RunCancelledAtBoundary {
                     before_step: entry.name().to_string(),
@@ -215,7 +221,7 @@ pub(super) async fn drive(
             )
             .await;
         }
-        if engine.is_shutting_down() && !in_flight {
+        if boundary == Boundary::Drain {
             rs.flush().await?;
             tracing::info!(run_id = %rs.id(), step = %entry.name(), "Shutdown: run left at a step boundary, resumes on next start.");
             return Ok(RunEnd::Drained);
@@ -274,7 +280,7 @@ pub(super) async fn drive(
             // Another driver may already own the run: nothing more is written here.
             UnitOutcome::Parked => return Ok(RunEnd::Parked),
         };
-        if engine.is_cancelled(rs.id()) {
+        if settle::after_unit(engine.is_cancelled(rs.id())) == Boundary::Cancel {
             // The unit's record is kept as it ended; nothing after it runs.
             let mut w = vec![Write::UpsertStep(result.record)];
             w.extend(result.events);
@@ -384,8 +390,8 @@ pub(super) fn kind_of(entry: &Entry) -> StepKind {
     }
 }
 
-/// Commits a unit's result and what follows from it. Returns the run's end when
-/// the unit ended the run.
+/// Commits a unit's result and what follows from it, as `run::settle` decides.
+/// Returns the run's end when the unit ended the run.
 async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Option<RunEnd>, Error> {
     let name = entry.name().to_string();
     let output_json = r.output.to_json();
@@ -402,98 +408,112 @@ async fn settle(rs: &mut RunState, entry: &Entry, r: UnitResult) -> Result<Optio
     );
     let mut writes = vec![Write::UpsertStep(r.record)];
     writes.extend(r.events);
-    let summary = r.output.summary.clone();
-    let gate = entry.gate();
-    let mut extra = Map::new();
-    extra.insert("step_summary".into(), Value::from(summary.clone()));
-    extra.insert("confidence".into(), Value::from(r.output.confidence));
-    extra.insert(
-        "confidence_threshold".into(),
-        Value::from(gate.confidence_threshold),
-    );
-    let low = r.error.is_none() && r.output.confidence < gate.confidence_threshold;
-    match r.status {
-        StepStatus::Completed | StepStatus::Skipped => {
+    add_usage(rs, &r.usage, &mut writes);
+    let step = match entry {
+        Entry::Step(s) => Some(s),
+        _ => None,
+    };
+    let decision = settle::settle(&settle::UnitEnd {
+        status: r.status,
+        error: r.error.as_deref(),
+        summary: &r.output.summary,
+        confidence: r.output.confidence,
+        gate: entry.gate(),
+        is_step: step.is_some(),
+        continue_on_failure: step.is_some_and(|s| s.on_failure.continue_run),
+        budget_exceeded: rs.pipeline.budget.as_ref().and_then(|b| {
+            flow::budget_exceeded(b, rs.usage.tokens(), rs.usage.cost_usd.unwrap_or(0.0))
+        }),
+    });
+    match decision {
+        Settle::Continue => {
             rs.final_output = Some(output_json);
-            add_usage(rs, &r.usage, &mut writes);
-            if let Some(msg) = rs.pipeline.budget.as_ref().and_then(|b| {
-                flow::budget_exceeded(b, rs.usage.tokens(), rs.usage.cost_usd.unwrap_or(0.0))
-            }) {
-                writes.push(rs.ev(
-                    Event::BudgetExceeded {
-                        step: name.clone(),
-                        tokens_used: rs.usage.tokens(),
-                        cost_usd: rs.usage.cost_usd.unwrap_or(0.0),
-                    },
-                    msg.clone(),
-                ));
-                extra.insert("step_summary".into(), Value::from(msg.clone()));
-                // A tripped budget owes the pipeline's `notify` notifications.
-                writes.extend(outbox::record(rs, "notify", &name, &extra));
-                return finish(rs, RunStatus::Aborted, Some(&name), Some(msg), writes)
-                    .await
-                    .map(Some);
-            }
             rs.defer(writes);
             Ok(None)
         }
-        StepStatus::Failed if matches!(entry, Entry::Step(s) if s.on_failure.continue_run) => {
-            writes.push(rs.ev(
-                Event::StepFailedContinuing {
-                    step: name.clone(),
-                    error: r.error.clone(),
-                },
-                format!("Step {name} failed; on_failure=continue"),
-            ));
-            add_usage(rs, &r.usage, &mut writes);
-            if let Entry::Step(s) = entry {
-                writes.extend(outbox::failure_webhook(rs, s, &summary, StepStatus::Failed));
-            }
-            rs.commit(writes).await?;
-            // The failure webhook is owed now, not when the run ends.
-            let engine = rs.engine.clone();
-            let run_id = rs.id().to_string();
-            tokio::spawn(async move { outbox::deliver_run(&engine, &run_id).await });
+        Settle::Deliver => {
+            deliver_failure(rs, step, &name, &r.output, r.error.clone(), writes).await?;
             Ok(None)
         }
-        status => {
-            add_usage(rs, &r.usage, &mut writes);
-            let action = match status {
-                StepStatus::Stopped => {
-                    extra.insert(
-                        "proceed_reason".into(),
-                        r.output
-                            .proceed_reason
-                            .clone()
-                            .map(Value::from)
-                            .unwrap_or(Value::Null),
-                    );
-                    StepStatus::Stopped.as_str().to_string()
-                }
-                StepStatus::Aborted => gate.on_abort.clone(),
-                _ => "escalate".to_string(),
-            };
-            extra.insert(
-                "escalation_reason".into(),
-                Value::from(if low {
-                    "low_confidence"
-                } else {
-                    status.as_str()
-                }),
-            );
-            if let (StepStatus::Failed, Entry::Step(s)) = (status, entry) {
-                writes.extend(outbox::failure_webhook(rs, s, &summary, StepStatus::Failed));
-            }
-            if status == StepStatus::Stopped {
+        Settle::Finish(end) => {
+            if end.keep_output {
                 rs.final_output = Some(output_json);
             }
-            let reason = r.error.clone().unwrap_or(summary);
-            writes.extend(outbox::record(rs, &action, &name, &extra));
-            finish(rs, status.run_ending(), Some(&name), Some(reason), writes)
+            let extra = notification_context(entry, &r.output, &end);
+            if let Some(msg) = &end.budget {
+                let (tokens_used, cost_usd) = (rs.usage.tokens(), rs.usage.cost_usd.unwrap_or(0.0));
+                let ev = Event::BudgetExceeded {
+                    step: name.clone(),
+                    tokens_used,
+                    cost_usd,
+                };
+                writes.push(rs.ev(ev, msg.clone()));
+            }
+            if let (true, Some(s)) = (end.failure_webhook, step) {
+                let summary = &r.output.summary;
+                writes.extend(outbox::failure_webhook(rs, s, summary, StepStatus::Failed));
+            }
+            writes.extend(outbox::record(rs, &end.notification, &name, &extra));
+            finish(rs, end.status, Some(&name), Some(end.reason), writes)
                 .await
                 .map(Some)
         }
     }
+}
+
+/// A failed step with `on_failure: continue`: committed now, and its failure
+/// webhook delivered now, not when the run ends.
+async fn deliver_failure(
+    rs: &mut RunState,
+    step: Option<&crate::pipeline::Step>,
+    name: &str,
+    output: &StepOutput,
+    error: Option<String>,
+    mut writes: Vec<Write>,
+) -> Result<(), Error> {
+    writes.push(rs.ev(
+        Event::StepFailedContinuing {
+            step: name.to_string(),
+            error,
+        },
+        format!("Step {name} failed; on_failure=continue"),
+    ));
+    if let Some(s) = step {
+        let summary = &output.summary;
+        writes.extend(outbox::failure_webhook(rs, s, summary, StepStatus::Failed));
+    }
+    rs.commit(writes).await?;
+    let engine = rs.engine.clone();
+    let run_id = rs.id().to_string();
+    tokio::spawn(async move { outbox::deliver_run(&engine, &run_id).await });
+    Ok(())
+}
+
+/// The template context of the notification a unit that ends the run owes.
+fn notification_context(
+    entry: &Entry,
+    output: &StepOutput,
+    end: &settle::Ending,
+) -> Map<String, Value> {
+    let mut extra = Map::new();
+    let summary = end.budget.clone().unwrap_or_else(|| output.summary.clone());
+    extra.insert("step_summary".into(), Value::from(summary));
+    extra.insert("confidence".into(), Value::from(output.confidence));
+    extra.insert(
+        "confidence_threshold".into(),
+        Value::from(entry.gate().confidence_threshold),
+    );
+    if end.proceed_reason {
+        let reason = output.proceed_reason.clone();
+        extra.insert(
+            "proceed_reason".into(),
+            reason.map(Value::from).unwrap_or(Value::Null),
+        );
+    }
+    if let Some(why) = &end.escalation_reason {
+        extra.insert("escalation_reason".into(), Value::from(why.clone()));
+    }
+    extra
 }
 
 fn add_usage(rs: &mut RunState, usage: &Usage, writes: &mut Vec<Write>) {

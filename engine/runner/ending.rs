@@ -81,11 +81,7 @@ pub(super) async fn close_terminal(
         .unwrap_or_default()
         .to_string();
     extra.insert("step_summary".into(), Value::from(summary.clone()));
-    let action = match status {
-        StepStatus::Stopped => StepStatus::Stopped.as_str().to_string(),
-        StepStatus::Aborted => entry.gate().on_abort.clone(),
-        _ => "escalate".to_string(),
-    };
+    let action = crate::run::settle::notification(status, entry.gate());
     let writes = outbox::record(rs, &action, &name, &extra);
     if status == StepStatus::Stopped {
         rs.final_output = output;

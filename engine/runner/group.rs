@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::branch::{BranchEnd, BranchJob};
+use super::branch::{BranchDone, BranchEnd, BranchJob};
 use super::drive::{RunState, UnitOutcome, UnitResult};
 use super::records::{self, NewRecord};
 use super::Error;
@@ -14,6 +14,7 @@ use crate::events::Event;
 use crate::pipeline::{Action, FanOut, Gate, Join, Parallel};
 use crate::run::context::{self, ItemVars};
 use crate::run::flow::{self, FanOutItems};
+use crate::run::join;
 use crate::run::plan::{BranchPlan, InFlight};
 use crate::run::{StepOutput, Usage};
 use crate::store::{StepRecord, Write};
@@ -261,7 +262,6 @@ fn done(
     }))
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run_group(
     rs: &mut RunState,
     i: usize,
@@ -270,30 +270,7 @@ async fn run_group(
     ctxs: Vec<minijinja::Value>,
     rec: &mut StepRecord,
 ) -> Result<UnitOutcome, Error> {
-    let n = shape.branches.len();
-    let mut confidences: Vec<Option<(f64, bool)>> = vec![None; n];
-    let mut register = Vec::new();
-    // Branches kept from before a restart keep their outputs.
-    for (pos, plan) in plans.iter().enumerate() {
-        if let BranchPlan::Kept { status, output, .. } = plan {
-            let failed = *status != StepStatus::Completed;
-            let c = if failed {
-                0.0
-            } else {
-                output
-                    .get("confidence")
-                    .and_then(Value::as_f64)
-                    .unwrap_or(0.0)
-            };
-            confidences[pos] = Some((c, failed));
-            if let Some((key, path, _, _)) = shape.branches.get(pos) {
-                register.push((key.clone(), output.clone()));
-                if key != path {
-                    register.push((path.clone(), output.clone()));
-                }
-            }
-        }
-    }
+    let mut ended = Ended::kept(shape, &plans);
     let escalating: Vec<usize> = plans
         .iter()
         .enumerate()
@@ -301,15 +278,100 @@ async fn run_group(
         .map(|(pos, _)| pos)
         .collect();
     if !escalating.is_empty() {
-        return Ok(escalate_group(
-            rs,
-            shape,
-            &escalating,
-            &confidences,
-            rec,
-            register,
-        ));
+        return Ok(escalate_group(rs, shape, &escalating, ended, rec));
     }
+    let mut set = spawn_branches(rs, i, shape, &plans, ctxs);
+    let deadline = shape.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut drained = false;
+    loop {
+        let next = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, set.join_next()).await {
+                Ok(n) => n,
+                Err(_) => {
+                    set.abort_all();
+                    return timed_out(rs, shape, rec, ended.register).await;
+                }
+            },
+            None => set.join_next().await,
+        };
+        let Some(joined) = next else { break };
+        match joined {
+            Ok(Ok(BranchEnd::Done(b))) => ended.add(shape, b),
+            Ok(Ok(BranchEnd::Drained)) => drained = true,
+            Ok(Err(e)) => return Err(e),
+            Err(join_err) => {
+                tracing::error!(run_id = %rs.id(), group = shape.name, error = %join_err, "A branch task ended abnormally.");
+            }
+        }
+    }
+    if drained {
+        return Ok(UnitOutcome::Drained);
+    }
+    Ok(joined(rs, shape, ended, rec))
+}
+
+/// What the group knows of its branches so far: how each ended, the outputs to
+/// register, the usage spent by this process.
+struct Ended {
+    branches: Vec<join::Branch>,
+    register: Vec<(String, Value)>,
+    usage: Usage,
+}
+
+impl Ended {
+    /// Branches kept from before a restart keep their outputs.
+    fn kept(shape: &Shape<'_>, plans: &[BranchPlan]) -> Self {
+        let mut ended = Ended {
+            branches: shape
+                .branches
+                .iter()
+                .map(|b| join::Branch {
+                    ended: None,
+                    weight: b.3,
+                })
+                .collect(),
+            register: Vec::new(),
+            usage: Usage::default(),
+        };
+        for (pos, plan) in plans.iter().enumerate() {
+            if let BranchPlan::Kept { status, output, .. } = plan {
+                let failed = *status != StepStatus::Completed;
+                let c = output.get("confidence").and_then(Value::as_f64);
+                ended.set(shape, pos, (c.unwrap_or(0.0), failed), output.clone());
+            }
+        }
+        ended
+    }
+
+    fn add(&mut self, shape: &Shape<'_>, b: BranchDone) {
+        self.usage.add(&b.usage);
+        self.set(shape, b.pos, (b.confidence, b.failed), b.output);
+    }
+
+    fn set(&mut self, shape: &Shape<'_>, pos: usize, end: (f64, bool), output: Value) {
+        let confidence = if end.1 { 0.0 } else { end.0 };
+        if let Some(b) = self.branches.get_mut(pos) {
+            b.ended = Some((confidence, end.1));
+        }
+        if let Some((key, path, _, _)) = shape.branches.get(pos) {
+            if key != path {
+                self.register.push((key.clone(), output.clone()));
+                self.register.push((path.clone(), output));
+            } else {
+                self.register.push((key.clone(), output));
+            }
+        }
+    }
+}
+
+/// Starts a task per branch that has still to run (or run again).
+fn spawn_branches(
+    rs: &RunState,
+    i: usize,
+    shape: &Shape<'_>,
+    plans: &[BranchPlan],
+    ctxs: Vec<minijinja::Value>,
+) -> tokio::task::JoinSet<Result<BranchEnd, Error>> {
     let mut set = tokio::task::JoinSet::new();
     for (pos, plan) in plans.iter().enumerate() {
         let attempt = match plan {
@@ -334,69 +396,28 @@ async fn run_group(
         };
         set.spawn(job.run(pos));
     }
-    let deadline = shape.timeout.map(|t| tokio::time::Instant::now() + t);
-    let mut usage = Usage::default();
-    let mut drained = false;
-    loop {
-        let next = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, set.join_next()).await {
-                Ok(n) => n,
-                Err(_) => {
-                    set.abort_all();
-                    return timed_out(rs, shape, rec, register).await;
-                }
-            },
-            None => set.join_next().await,
-        };
-        let Some(joined) = next else { break };
-        match joined {
-            Ok(Ok(BranchEnd::Done(b))) => {
-                usage.add(&b.usage);
-                confidences[b.pos] = Some((b.confidence, b.failed));
-                if let Some((key, path, _, _)) = shape.branches.get(b.pos) {
-                    register.push((key.clone(), b.output.clone()));
-                    if key != path {
-                        register.push((path.clone(), b.output));
-                    }
-                }
-            }
-            Ok(Ok(BranchEnd::Drained)) => drained = true,
-            Ok(Err(e)) => return Err(e),
-            Err(join_err) => {
-                tracing::error!(run_id = %rs.id(), group = shape.name, error = %join_err, "A branch task ended abnormally.");
-            }
-        }
-    }
-    if drained {
-        return Ok(UnitOutcome::Drained);
-    }
-    let weighted: Vec<(f64, f64)> = shape
-        .branches
-        .iter()
-        .enumerate()
-        .map(|(pos, (_, _, _, w))| (confidences[pos].map_or(0.0, |c| c.0), *w))
-        .collect();
-    let completed = confidences
-        .iter()
-        .filter(|c| matches!(c, Some((_, false))))
-        .count();
-    let joined = flow::join(shape.join, &weighted);
+    set
+}
+
+/// Every branch ended: the group settles as `run::join` joins them.
+fn joined(rs: &RunState, shape: &Shape<'_>, ended: Ended, rec: &mut StepRecord) -> UnitOutcome {
+    let n = shape.branches.len();
+    let j = join::join_all(shape.join, shape.gate, &ended.branches);
+    let (confidence, completed, status) = (j.confidence, j.completed, j.status);
     let output = StepOutput::new(
-        joined,
+        confidence,
         format!(
             "{} '{}': {completed}/{n} branches completed",
             shape.label, shape.name
         ),
     );
-    let status = flow::gate(joined, true, shape.gate);
     records::finish(rec, status, &output, &Usage::default(), None, rs.now());
-    let (step, group) = (shape.name.to_string(), shape.name.to_string());
-    let total = n;
+    let (step, group, total) = (shape.name.to_string(), shape.name.to_string(), n);
     let joined_event = if shape.kind == StepKind::FanOut {
         Event::FanOutCompleted {
             step,
             group,
-            confidence: joined,
+            confidence,
             completed,
             total,
             status,
@@ -405,51 +426,41 @@ async fn run_group(
         Event::ParallelGroupCompleted {
             step,
             group,
-            confidence: joined,
+            confidence,
             completed,
             total,
             status,
         }
     };
     let mut events = vec![rs.ev(joined_event, output.summary.clone())];
-    if let Some(settled) = Event::group_settled(status, shape.name.to_string(), joined) {
+    if let Some(settled) = Event::group_settled(status, shape.name.to_string(), confidence) {
         events.push(rs.ev(
             settled,
             format!("{} {} {}", shape.label, shape.name, status.as_str()),
         ));
     }
-    Ok(done(
+    done(
         status,
         output,
         rec.clone(),
         events,
         None,
-        register,
-        usage,
-    ))
+        ended.register,
+        ended.usage,
+    )
 }
 
 fn escalate_group(
     rs: &RunState,
     shape: &Shape<'_>,
     escalating: &[usize],
-    confidences: &[Option<(f64, bool)>],
+    ended: Ended,
     rec: &mut StepRecord,
-    register: Vec<(String, Value)>,
 ) -> UnitOutcome {
     let n = shape.branches.len();
-    let kept = confidences.iter().filter(|c| c.is_some()).count();
-    let weighted: Vec<(f64, f64)> = shape
-        .branches
-        .iter()
-        .enumerate()
-        .filter_map(|(pos, b)| confidences[pos].map(|c| (c.0, b.3)))
-        .collect();
-    let joined = if weighted.is_empty() {
-        0.0
-    } else {
-        flow::join(shape.join, &weighted)
-    };
+    let kept = ended.branches.iter().filter(|b| b.ended.is_some()).count();
+    let joined = join::join_ended(shape.join, &ended.branches);
+    let register = ended.register;
     let paths: Vec<String> = escalating
         .iter()
         .filter_map(|p| shape.branches.get(*p).map(|b| b.1.clone()))

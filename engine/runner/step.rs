@@ -12,6 +12,7 @@ use crate::domain::{StepKind, StepStatus};
 use crate::events::Event;
 use crate::executor::{Call, Outcome};
 use crate::pipeline::{Action, Entry, ExecutorKind, Step};
+use crate::run::attempt::{self, AfterFailure, AfterOutput, LoopEnd};
 use crate::run::context::{self, LoopVars};
 use crate::run::flow;
 use crate::run::{StepOutput, Usage};
@@ -19,11 +20,27 @@ use crate::store::Write;
 
 /// Why an executor call produced no outcome.
 pub(super) enum CallFailure {
+    /// The attempt failed; another attempt may succeed.
     Error(String),
+    /// The step cannot work as configured (its config does not fit its executor,
+    /// a template does not render, an agent or provider is missing): another
+    /// attempt would fail the same way, so it is not retried.
+    Config(String),
     /// Shutdown: the call was not made or its result must not be recorded.
     Drained,
     /// A human step parked its run (see `park`); its state is committed.
     Parked,
+}
+
+impl From<crate::executor::Error> for CallFailure {
+    /// The retry decision follows the executor's own word on its error.
+    fn from(e: crate::executor::Error) -> Self {
+        if e.is_retriable() {
+            CallFailure::Error(e.to_string())
+        } else {
+            CallFailure::Config(e.to_string())
+        }
+    }
 }
 
 /// How a human step may wait (other executors ignore it).
@@ -56,12 +73,12 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
     let ctx = spec.ctx;
     let prompt = templates
         .render(&spec.action.prompt, &ctx)
-        .map_err(|e| CallFailure::Error(format!("template error: {e}")))?;
+        .map_err(|e| CallFailure::Config(format!("template error: {e}")))?;
     let mut rendered = BTreeMap::new();
     for (pointer, t) in &spec.action.config_templates {
         let text = templates
             .render(t, &ctx)
-            .map_err(|e| CallFailure::Error(format!("template error: {e}")))?;
+            .map_err(|e| CallFailure::Config(format!("template error: {e}")))?;
         rendered.insert(pointer.clone(), text);
     }
     drop(ctx);
@@ -88,11 +105,8 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
             // Queued in the outbox, which delivers and retries it (see `outbox`).
             ExecutorKind::Notify => super::outbox::queue_step(spec.rs_engine, &call).await,
             kind => match spec.rs_engine.executors.get(kind) {
-                Some(ex) => ex
-                    .execute(call.clone())
-                    .await
-                    .map_err(|e| CallFailure::Error(e.to_string())),
-                None => Err(CallFailure::Error(format!(
+                Some(ex) => ex.execute(call.clone()).await.map_err(CallFailure::from),
+                None => Err(CallFailure::Config(format!(
                     "executor `{}` is not available in this process",
                     spec.action.executor_name
                 ))),
@@ -176,71 +190,32 @@ pub(super) async fn run(
     start: Start,
 ) -> Result<UnitOutcome, Error> {
     let path = step.name.as_str();
-    let first_attempt = match start {
-        Start::Rerun { attempt } => attempt,
-        _ => 1,
-    };
-    // A run unparked on this step continues the wait its records describe: same
-    // start time, no second `step_started`.
-    let waited_since = match start {
-        Start::Rearm => rs.unparked.get(path).copied(),
-        _ => None,
-    };
-    let unparked = waited_since.is_some();
-    let started_at = waited_since.unwrap_or_else(|| rs.now());
-    // A new run's first step was recorded as started in the run's own commit.
-    let opened = match (&start, rs.opened.take()) {
-        (Start::Fresh, Some(r)) if r.step_path == path => Some(r),
-        _ => None,
-    };
-    let mut rec = match opened {
-        Some(r) => r,
-        None => {
-            let (rec, started) = opening(
-                rs.id(),
-                i,
-                step,
-                started_at,
-                first_attempt,
-                matches!(start, Start::Rerun { .. }),
-            );
-            if !unparked {
-                rs.commit(vec![Write::UpsertStep(rec.clone()), started])
-                    .await?;
-            }
-            rec
-        }
-    };
+    let unparked = matches!(start, Start::Rearm) && rs.unparked.contains_key(path);
+    let mut rec = open(rs, i, step, &start).await?;
     let human = HumanMode {
         may_park: may_park(rs, step),
         unparked,
     };
     let max_iterations = step.loop_until.as_ref().map_or(1, |l| l.max_iterations);
-    let tries = step.retry.as_ref().map_or(1, |r| r.attempts);
     let mut usage = Usage::default();
     let mut events = Vec::new();
     let mut prior: Option<(f64, Value)> = None;
-    let mut last: Option<StepOutput> = None;
-    let mut attempt = first_attempt;
-    let mut iterations_run = 0;
-    for iteration in 1..=max_iterations {
-        iterations_run = iteration;
+    let mut attempt = rec.attempts;
+    let mut iteration = 1;
+    let output = loop {
         if iteration > 1 {
             rec.iteration = iteration;
             rec.idempotency_key = records::idempotency_key(rs.id(), path, iteration);
             rec.attempts = attempt;
-            rs.commit(vec![
-                Write::UpsertStep(rec.clone()),
-                rs.ev(
-                    Event::LoopIteration {
-                        step: path.to_string(),
-                        iteration,
-                        max_iterations,
-                    },
-                    format!("{path}: iteration {iteration}/{max_iterations}"),
-                ),
-            ])
-            .await?;
+            let ev = rs.ev(
+                Event::LoopIteration {
+                    step: path.to_string(),
+                    iteration,
+                    max_iterations,
+                },
+                format!("{path}: iteration {iteration}/{max_iterations}"),
+            );
+            rs.commit(vec![Write::UpsertStep(rec.clone()), ev]).await?;
         }
         let loop_vars = step.loop_until.as_ref().map(|_| LoopVars {
             iteration,
@@ -248,136 +223,214 @@ pub(super) async fn run(
             prior_confidence: prior.as_ref().map(|p| p.0),
             prior_output: prior.as_ref().map(|p| p.1.clone()),
         });
-        let key = records::idempotency_key(rs.id(), path, iteration);
-        let mut outcome = None;
-        for try_no in 1..=tries {
-            // Built per attempt and handed over, so nothing holds it during the call.
-            let ctx = context::to_template_value(rs.context(path, loop_vars.as_ref(), None, None));
-            let result = call_once(CallSpec {
-                rs_engine: &rs.engine,
-                pipeline: &rs.pipeline,
-                run_id: &rs.run.id,
-                path,
-                key: &key,
-                attempt,
-                action: &step.action,
-                ctx,
-                human,
-            })
-            .await;
-            match result {
-                Ok(o) => {
-                    outcome = Some(o);
-                    break;
-                }
-                Err(CallFailure::Drained) => return Ok(UnitOutcome::Drained),
-                Err(CallFailure::Parked) => return Ok(UnitOutcome::Parked),
-                Err(CallFailure::Error(msg)) => {
-                    if try_no == tries {
-                        let mut out = StepOutput::failed(&msg);
-                        out.extra
-                            .insert(StepStatus::Failed.to_string(), Value::Bool(true));
-                        let now = rs.now();
-                        records::finish(
-                            &mut rec,
-                            StepStatus::Failed,
-                            &out,
-                            &usage,
-                            Some(msg.clone()),
-                            now,
-                        );
-                        events.push(rs.ev(
-                            Event::StepFailed {
-                                step: path.to_string(),
-                                error: msg.clone(),
-                                attempt,
-                            },
-                            format!("Step {path} failed: {msg}"),
-                        ));
-                        return Ok(UnitOutcome::Done(Box::new(UnitResult {
-                            status: StepStatus::Failed,
-                            output: out,
-                            usage,
-                            record: rec,
-                            events,
-                            error: Some(msg),
-                            register: Vec::new(),
-                        })));
-                    }
-                    let delay = step
-                        .retry
-                        .as_ref()
-                        .map(|r| flow::retry_delay(r, try_no))
-                        .unwrap_or_default();
-                    attempt += 1;
-                    rec.attempts = attempt;
-                    rs.commit(vec![
-                        Write::UpsertStep(rec.clone()),
-                        rs.ev(
-                            Event::StepRetrying {
-                                step: path.to_string(),
-                                error: msg.clone(),
-                                attempt,
-                                delay_seconds: delay.as_secs_f64(),
-                            },
-                            format!(
-                                "{path} failed ({msg}); retrying in {:.1}s",
-                                delay.as_secs_f64()
-                            ),
-                        ),
-                    ])
-                    .await?;
-                    tokio::time::sleep(delay).await;
-                }
+        let o = match attempts(rs, step, &mut rec, &mut attempt, loop_vars, human).await? {
+            Tried::Output(o) => o,
+            Tried::Failed(msg) => {
+                return Ok(failed(rs, path, rec, usage, events, attempt, msg));
             }
-        }
-        let Some(o) = outcome else { break };
+            Tried::Drained => return Ok(UnitOutcome::Drained),
+            Tried::Parked => return Ok(UnitOutcome::Parked),
+        };
         usage.add(&o.usage);
         let conf = o.output.confidence;
-        let target = step.loop_until.as_ref().map(|l| l.confidence);
-        last = Some(o.output);
-        match target {
-            Some(t) if conf < t && iteration < max_iterations => {
-                prior = last.as_ref().map(|out| (conf, out.to_json()));
+        match attempt::after_output(step.loop_until.as_ref(), iteration, conf) {
+            AfterOutput::NextIteration => {
+                prior = Some((conf, o.output.to_json()));
+                iteration += 1;
             }
-            _ => break,
+            AfterOutput::Done => break o.output,
+        }
+    };
+    if let Some(end) = attempt::loop_end(step.loop_until.as_ref(), output.confidence) {
+        events.push(loop_event(rs, step, end, iteration, output.confidence));
+    }
+    Ok(gated(rs, step, rec, output, usage, events))
+}
+
+/// The step's `running` record: taken from the run's own commit for a new run's
+/// first step, carried on from the parked wait for an unparked run (same start
+/// time, no second `step_started`), committed now otherwise.
+async fn open(
+    rs: &mut RunState,
+    i: usize,
+    step: &Step,
+    start: &Start,
+) -> Result<crate::store::StepRecord, Error> {
+    let path = step.name.as_str();
+    let waited_since = match start {
+        Start::Rearm => rs.unparked.get(path).copied(),
+        _ => None,
+    };
+    if let (Start::Fresh, Some(r)) = (start, rs.opened.take()) {
+        if r.step_path == path {
+            return Ok(r);
         }
     }
-    let Some(output) = last else {
-        return Err(Error::CorruptRun {
-            run_id: rs.id().to_string(),
-            detail: format!("step {path} produced no output"),
-        });
+    let first_attempt = match start {
+        Start::Rerun { attempt } => *attempt,
+        _ => 1,
     };
-    if let Some(l) = &step.loop_until {
-        if l.max_iterations > 1 {
-            let (step, iterations, confidence) =
-                (path.to_string(), iterations_run, output.confidence);
-            let (event, msg) = if output.confidence >= l.confidence {
-                (
-                    Event::LoopConverged {
-                        step,
-                        iterations,
-                        confidence,
-                    },
-                    format!("{path} converged after {iterations_run} iteration(s)"),
-                )
-            } else {
-                (
-                    Event::LoopExhausted {
-                        step,
-                        iterations,
-                        confidence,
+    let started_at = waited_since.unwrap_or_else(|| rs.now());
+    let rerun = matches!(start, Start::Rerun { .. });
+    let (rec, started) = opening(rs.id(), i, step, started_at, first_attempt, rerun);
+    if waited_since.is_none() {
+        rs.commit(vec![Write::UpsertStep(rec.clone()), started])
+            .await?;
+    }
+    Ok(rec)
+}
+
+/// How one iteration's attempts ended.
+enum Tried {
+    Output(Box<Outcome>),
+    /// The last attempt allowed failed with this error.
+    Failed(String),
+    Drained,
+    Parked,
+}
+
+/// Calls the step's executor until an attempt succeeds or `run::attempt` says
+/// the step fails, committing each retry before its delay.
+async fn attempts(
+    rs: &mut RunState,
+    step: &Step,
+    rec: &mut crate::store::StepRecord,
+    attempt: &mut u32,
+    loop_vars: Option<LoopVars>,
+    human: HumanMode,
+) -> Result<Tried, Error> {
+    let path = step.name.as_str();
+    let key = records::idempotency_key(rs.id(), path, rec.iteration);
+    let mut try_no = 1;
+    loop {
+        // Built per attempt and handed over, so nothing holds it during the call.
+        let ctx = context::to_template_value(rs.context(path, loop_vars.as_ref(), None, None));
+        let result = call_once(CallSpec {
+            rs_engine: &rs.engine,
+            pipeline: &rs.pipeline,
+            run_id: &rs.run.id,
+            path,
+            key: &key,
+            attempt: *attempt,
+            action: &step.action,
+            ctx,
+            human,
+        })
+        .await;
+        let (msg, retriable) = match result {
+            Ok(o) => return Ok(Tried::Output(Box::new(o))),
+            Err(CallFailure::Drained) => return Ok(Tried::Drained),
+            Err(CallFailure::Parked) => return Ok(Tried::Parked),
+            Err(CallFailure::Error(msg)) => (msg, true),
+            Err(CallFailure::Config(msg)) => (msg, false),
+        };
+        match attempt::after_failure(step.retry.as_ref(), try_no, *attempt, retriable) {
+            AfterFailure::Fail => return Ok(Tried::Failed(msg)),
+            AfterFailure::Retry {
+                attempt: next,
+                delay,
+            } => {
+                *attempt = next;
+                rec.attempts = next;
+                let ev = rs.ev(
+                    Event::StepRetrying {
+                        step: path.to_string(),
+                        error: msg.clone(),
+                        attempt: next,
+                        delay_seconds: delay.as_secs_f64(),
                     },
                     format!(
-                        "{path} did not reach {} in {iterations_run} iteration(s)",
-                        l.confidence
+                        "{path} failed ({msg}); retrying in {:.1}s",
+                        delay.as_secs_f64()
                     ),
-                )
-            };
-            events.push(rs.ev(event, msg));
+                );
+                rs.commit(vec![Write::UpsertStep(rec.clone()), ev]).await?;
+                tokio::time::sleep(delay).await;
+                try_no += 1;
+            }
         }
     }
+}
+
+/// The step failed with `msg` on attempt number `attempt`.
+fn failed(
+    rs: &RunState,
+    path: &str,
+    mut rec: crate::store::StepRecord,
+    usage: Usage,
+    mut events: Vec<Write>,
+    attempt: u32,
+    msg: String,
+) -> UnitOutcome {
+    let mut out = StepOutput::failed(&msg);
+    out.extra
+        .insert(StepStatus::Failed.to_string(), Value::Bool(true));
+    let now = rs.now();
+    records::finish(
+        &mut rec,
+        StepStatus::Failed,
+        &out,
+        &usage,
+        Some(msg.clone()),
+        now,
+    );
+    events.push(rs.ev(
+        Event::StepFailed {
+            step: path.to_string(),
+            error: msg.clone(),
+            attempt,
+        },
+        format!("Step {path} failed: {msg}"),
+    ));
+    UnitOutcome::Done(Box::new(UnitResult {
+        status: StepStatus::Failed,
+        output: out,
+        usage,
+        record: rec,
+        events,
+        error: Some(msg),
+        register: Vec::new(),
+    }))
+}
+
+/// The run-log line of a loop that could iterate: converged or exhausted.
+fn loop_event(rs: &RunState, step: &Step, end: LoopEnd, iterations: u32, confidence: f64) -> Write {
+    let path = step.name.as_str();
+    let s = path.to_string();
+    let (event, msg) = match end {
+        LoopEnd::Converged => (
+            Event::LoopConverged {
+                step: s,
+                iterations,
+                confidence,
+            },
+            format!("{path} converged after {iterations} iteration(s)"),
+        ),
+        LoopEnd::Exhausted => (
+            Event::LoopExhausted {
+                step: s,
+                iterations,
+                confidence,
+            },
+            format!(
+                "{path} did not reach {} in {iterations} iteration(s)",
+                step.loop_until.as_ref().map_or(0.0, |l| l.confidence)
+            ),
+        ),
+    };
+    rs.ev(event, msg)
+}
+
+/// The step produced `output`: its gate decides the status it settles with.
+fn gated(
+    rs: &RunState,
+    step: &Step,
+    mut rec: crate::store::StepRecord,
+    output: StepOutput,
+    usage: Usage,
+    mut events: Vec<Write>,
+) -> UnitOutcome {
+    let path = step.name.as_str();
     let status = flow::gate(output.confidence, output.proceed, &step.gate);
     let now = rs.now();
     records::finish(&mut rec, status, &output, &usage, None, now);
@@ -397,7 +450,7 @@ pub(super) async fn run(
             status = status.as_str()
         ),
     ));
-    Ok(UnitOutcome::Done(Box::new(UnitResult {
+    UnitOutcome::Done(Box::new(UnitResult {
         status,
         output,
         usage,
@@ -405,7 +458,7 @@ pub(super) async fn run(
         events,
         error: None,
         register: Vec::new(),
-    })))
+    }))
 }
 
 /// `on_interrupted: escalate` for a plain step that was in flight: it is not
