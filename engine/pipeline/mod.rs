@@ -3,6 +3,7 @@
 //! library and the config fingerprint. Pure apart from `loader`, which reads files.
 
 mod action;
+mod context;
 pub mod executor_config;
 pub mod fingerprint;
 pub mod library;
