@@ -1,5 +1,6 @@
 //! The validation pass: a parsed YAML tree in, a [`Pipeline`] out, and every problem
-//! collected on the way. Only this module (with `steps`) knows the authored shape.
+//! collected on the way. Only this module (with `steps` and `action` below it) knows
+//! the authored shape.
 
 use std::collections::BTreeMap;
 use std::path::Path;
