@@ -1,12 +1,50 @@
 //! vectorstep: durable, YAML-defined ops-automation pipelines.
+//!
+//! The modules in reading order, from the words of the model up to the edges that
+//! speak to the world (`docs/architecture.md` has the longer map and the invariants):
+//!
+//! - [`domain`]: the words of the run model (statuses, kinds, channels, ids, times),
+//!   each listed once; imports nothing from the crate.
+//! - [`events`]: the run-log event catalogue, the only way an event reaches the
+//!   store; decides nothing.
+//! - [`diag`]: diagnostics with file, line, column, field path and hint; knows no
+//!   pipeline.
+//! - [`yaml`]: YAML parsed into nodes that keep their position; interprets no key.
+//! - [`decode`]: typed reading of a mapping node, every problem reported; reads no
+//!   file.
+//! - [`config`]: `config.yaml`, its `${VAR}` expansion and validation; starts
+//!   nothing.
+//! - [`pipeline`]: the authored YAML validated into a `Pipeline`, in layers
+//!   (`loader` > `validate` > `steps` > `action` > `context`); only its `loader`
+//!   reads files; runs nothing.
+//! - [`run`]: pure run logic (output contract, flow decisions, template context,
+//!   resume planner); no store calls, no clock, no network.
+//! - [`executor`]: one file per executor kind behind the `Executor` trait; touches no
+//!   store, decides no run status.
+//! - [`runner`]: the driver that performs what `run` decides (steps, groups,
+//!   approvals, ends, resumes); parses no YAML, speaks no HTTP, never imports
+//!   `telegram`.
+//! - [`store`]: SQLite (migrations, the writer thread, one file per table, lock
+//!   files); the only module that imports rusqlite; knows no pipeline.
+//! - [`intake`]: alert normalisers, `trigger.match` and the resolver; touches no
+//!   store.
+//! - [`http`]: the axum router and its access policy; the only module that imports
+//!   axum; runs no step itself.
+//! - [`telegram`]: the Bot API client, approval messages and the update poller; the
+//!   only module that imports teloxide; decides approvals only through the
+//!   runner's `ApprovalDesk`.
+//! - [`view`]: the run JSON of `GET /runs/{id}` and the terminal table.
+//! - [`telemetry`]: every metric name and the helpers that update them.
+//! - [`clock`]: injected time, so tests can move it.
+//!
+//! The `vectorstep` binary (`engine/main.rs`, `engine/cli/`) parses arguments and
+//! maps errors to exit codes with `anyhow`; it holds no logic the library lacks.
 
 pub mod clock;
 pub mod config;
 pub mod decode;
 pub mod diag;
-/// The words of the run model (statuses, kinds, channels), each listed once.
 pub mod domain;
-/// The run-log event catalogue: every event's name, levels and fields.
 pub mod events;
 pub mod executor;
 pub mod http;

@@ -2,9 +2,9 @@
 //! `executor_config` (decoded per executor kind by [`super::executor_config`]),
 //! `prompt_template` and `timeout_seconds`.
 
+use super::context::Ctx;
 use super::executor_config::{self, template_sites, ExecutorConfig};
 use super::model::*;
-use super::validate::Ctx;
 use crate::decode::Obj;
 use crate::diag::Diagnostics;
 use crate::yaml::Node;

@@ -7,11 +7,9 @@
 //! the keys those shapes accept are taken from the library.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Arc;
 
-use crate::diag::{Diagnostics, Span};
-use crate::yaml::{self, Node, Value};
+use crate::diag::Diagnostics;
+use crate::yaml::{Node, Value};
 
 #[derive(Debug, Default, Clone)]
 pub struct Library {
@@ -19,42 +17,19 @@ pub struct Library {
 }
 
 impl Library {
-    /// Reads every `*.yaml`/`*.yml` file of `dir` in file-name order. A missing
-    /// folder is an empty library. Files are only parsed here; they are validated
-    /// as steps by the caller.
-    pub fn load(dir: &Path, d: &mut Diagnostics) -> Library {
-        let mut lib = Library::default();
-        let Ok(files) = super::loader::yaml_files(dir) else {
-            return lib;
+    /// Adds one parsed library file, named by its `name`. The loader reads the
+    /// files; they are validated as steps by the caller.
+    pub fn add(&mut self, node: Node, d: &mut Diagnostics) {
+        let Some(name) = node.get("name").and_then(Node::as_str).map(str::to_string) else {
+            d.error_hint(
+                &node.span,
+                "",
+                "a library step needs a string `name`",
+                "pipelines reference it as `- use: <name>`",
+            );
+            return;
         };
-        for path in files {
-            let file: Arc<str> = Arc::from(path.display().to_string());
-            let text = match std::fs::read_to_string(&path) {
-                Ok(t) => t,
-                Err(e) => {
-                    d.error(&Span::new(file, 1, 1), "", format!("cannot read file: {e}"));
-                    continue;
-                }
-            };
-            let node = match yaml::parse(&file, &text) {
-                Ok(n) => n,
-                Err(e) => {
-                    d.error(&e.span, "", e.message);
-                    continue;
-                }
-            };
-            let Some(name) = node.get("name").and_then(Node::as_str).map(str::to_string) else {
-                d.error_hint(
-                    &node.span,
-                    "",
-                    "a library step needs a string `name`",
-                    "pipelines reference it as `- use: <name>`",
-                );
-                continue;
-            };
-            lib.steps.insert(name, node);
-        }
-        lib
+        self.steps.insert(name, node);
     }
 
     pub fn names(&self) -> Vec<&str> {
@@ -156,6 +131,8 @@ fn merge_one_level(base: &Node, over: &Node) -> Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::yaml;
+    use std::sync::Arc;
 
     fn node(src: &str) -> Node {
         yaml::parse(&Arc::from("t.yaml"), src).unwrap()

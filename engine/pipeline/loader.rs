@@ -5,10 +5,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::context::{Ctx, SubpipelineRef};
 use super::library::Library;
 use super::model::{Entry, Pipeline};
 use super::steps::{LIBRARY_EXTRA_KEYS, STEP_KEYS};
-use super::validate::{self, Ctx};
+use super::validate;
 use crate::config::Config;
 use crate::diag::{Diagnostics, Span};
 use crate::yaml;
@@ -45,9 +46,36 @@ pub fn yaml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// Reads every `*.yaml`/`*.yml` file of `dir` in file-name order into a [`Library`].
+/// A missing folder is an empty library. Files are only parsed here; they are
+/// validated as steps by [`load_library`].
+fn read_library(dir: &Path, d: &mut Diagnostics) -> Library {
+    let mut lib = Library::default();
+    let Ok(files) = yaml_files(dir) else {
+        return lib;
+    };
+    for path in files {
+        let file: Arc<str> = Arc::from(path.display().to_string());
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                d.error(&Span::new(file, 1, 1), "", format!("cannot read file: {e}"));
+                continue;
+            }
+        };
+        match yaml::parse(&file, &text) {
+            Ok(node) => lib.add(node, d),
+            Err(e) => {
+                d.error(&e.span, "", e.message);
+            }
+        }
+    }
+    lib
+}
+
 /// Loads and validates the step library of `config`.
 pub fn load_library(config: &Config, d: &mut Diagnostics) -> Library {
-    let library = Library::load(&config.step_library_dir, d);
+    let library = read_library(&config.step_library_dir, d);
     // Each library step must be a valid step on its own (without `when`).
     let mut keys: Vec<&str> = STEP_KEYS.iter().copied().filter(|k| *k != "when").collect();
     keys.extend_from_slice(LIBRARY_EXTRA_KEYS);
@@ -221,7 +249,7 @@ fn read_one(
     config: &Config,
     library: &Library,
     d: &mut Diagnostics,
-) -> Option<(Pipeline, Vec<validate::SubpipelineRef>)> {
+) -> Option<(Pipeline, Vec<SubpipelineRef>)> {
     let name: Arc<str> = Arc::from(file.display().to_string());
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
@@ -252,7 +280,7 @@ fn declared_name(file: &Path) -> Option<String> {
     root.get("name")?.as_str().map(str::to_string)
 }
 
-type Refs = Vec<(String, Vec<validate::SubpipelineRef>)>;
+type Refs = Vec<(String, Vec<SubpipelineRef>)>;
 
 /// Every `executor: pipeline` names a loaded pipeline, and no pipeline reaches itself.
 fn check_subpipelines(set: &PipelineSet, refs: &Refs, d: &mut Diagnostics) {

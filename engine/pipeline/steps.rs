@@ -3,9 +3,9 @@
 use serde_json::Value as Json;
 
 use super::action::{action, collect_string_templates};
+use super::context::Ctx;
 use super::model::*;
 use super::template::Expr;
-use super::validate::Ctx;
 use crate::decode::{join, Obj, IGNORED_VECTORSTEP_KEYS};
 use crate::diag::Diagnostics;
 use crate::yaml::Node;
