@@ -201,8 +201,7 @@ pub(super) async fn queue_step(
     engine: &Arc<Engine>,
     call: &Call<'_>,
 ) -> Result<Outcome, CallFailure> {
-    let mut m =
-        notify::prepare(&engine.config, call).map_err(|e| CallFailure::Error(e.to_string()))?;
+    let mut m = notify::prepare(&engine.config, call).map_err(CallFailure::from)?;
     // A testing pipeline never talks to the outside world (checked above all the
     // same, so that a broken channel shows before the pipeline is promoted).
     if engine
