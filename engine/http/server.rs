@@ -6,9 +6,9 @@
 //!   `server.idle_timeout_seconds`) is closed;
 //! - a request body must arrive whole within `server.body_read_timeout_seconds`;
 //! - at most `max_connections` are open at once. At the bound, the connection that
-//!   has waited longest without sending a request is closed to make room, so slow
-//!   or idle clients can never lock out a health check or a webhook; when every
-//!   connection is busy with a request, the new one is closed instead.
+//!   has waited longest (at least a second) without sending a request is closed to
+//!   make room, so slow or idle clients can never lock out a health check or a
+//!   webhook; when no connection can go, new ones wait in the kernel's accept queue.
 //!
 //! The bound is derived from the open-files limit (raised to its hard limit at
 //! start, see [`raise_open_files_limit`]), keeping descriptors back for the store,
@@ -90,6 +90,10 @@ pub fn connection_bound(open_files: u64, configured: Option<usize>) -> usize {
     }
 }
 
+/// How long a connection must have waited for its request before it may be closed
+/// to make room for a new one.
+const MIN_WAIT_BEFORE_EVICTION: Duration = Duration::from_secs(1);
+
 /// What the loop knows of one open connection. Updated by its requests without
 /// the registry's lock: a request only stores into these atomics.
 struct Conn {
@@ -154,16 +158,33 @@ impl Registry {
         }
     }
 
+    /// The connection to close to make room: the one that has waited longest for
+    /// a request, if it has waited at least `min_age`. A connection younger than
+    /// that may be a client whose request is still on its way (a health check that
+    /// arrived in a burst of connects), so it is never the one closed.
+    fn evictable(conns: &HashMap<u64, Arc<Conn>>, min_age: Duration) -> Option<u64> {
+        let cutoff = now_nanos().saturating_sub(min_age.as_nanos() as u64);
+        conns
+            .iter()
+            .filter_map(|(id, c)| c.waiting().map(|t| (*id, t)))
+            .filter(|(_, t)| *t <= cutoff)
+            .min_by_key(|(_, t)| *t)
+            .map(|(id, _)| id)
+    }
+
+    /// Whether a new connection can be taken now (under the bound, or one can be
+    /// closed to make room). When not, new connections wait in the kernel's queue.
+    fn has_room(&self, bound: usize, min_age: Duration) -> bool {
+        let conns = self.lock();
+        conns.len() < bound || Self::evictable(&conns, min_age).is_some()
+    }
+
     /// Registers a new connection; at the bound, first closes the one waiting
-    /// longest for a request. `None` when every open connection is busy.
-    fn admit(&self, bound: usize) -> Option<(u64, Arc<Conn>)> {
+    /// longest for a request (see [`Registry::evictable`]). `None` when none can go.
+    fn admit(&self, bound: usize, min_age: Duration) -> Option<(u64, Arc<Conn>)> {
         let mut conns = self.lock();
         if conns.len() >= bound {
-            let oldest = conns
-                .iter()
-                .filter_map(|(id, c)| c.waiting().map(|t| (*id, t)))
-                .min_by_key(|(_, t)| *t)
-                .map(|(id, _)| id)?;
+            let oldest = Self::evictable(&conns, min_age)?;
             if let Some(c) = conns.remove(&oldest) {
                 c.close.notify_one();
             }
@@ -236,9 +257,17 @@ pub async fn serve(
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     let tasks = tokio_util_tracker::Tracker::default();
     tokio::pin!(stop);
-    loop {
+    'serve: loop {
+        // At the bound with no connection old enough to close: new ones wait in the
+        // kernel's accept queue (their clients see a slow connect, not a reset).
+        while !registry.has_room(limits.max_connections, MIN_WAIT_BEFORE_EVICTION) {
+            tokio::select! {
+                _ = &mut stop => break 'serve,
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
         let (stream, peer) = tokio::select! {
-            _ = &mut stop => break,
+            _ = &mut stop => break 'serve,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -250,7 +279,9 @@ pub async fn serve(
                 }
             },
         };
-        let Some((id, conn_state)) = registry.admit(limits.max_connections) else {
+        let Some((id, conn_state)) =
+            registry.admit(limits.max_connections, MIN_WAIT_BEFORE_EVICTION)
+        else {
             tracing::warn!(peer = %peer, bound = limits.max_connections, "Every connection is busy: closed a new one.");
             drop(stream);
             continue;
@@ -482,10 +513,13 @@ mod tests {
     #[test]
     fn at_the_bound_the_longest_waiting_connection_makes_room() {
         let r = Registry::default();
-        let (a, close_a) = r.admit(2).unwrap();
+        let age = Duration::from_millis(1);
+        let (a, close_a) = r.admit(2, age).unwrap();
         std::thread::sleep(Duration::from_millis(2));
-        let (b, _) = r.admit(2).unwrap();
-        let (_c, _) = r.admit(2).unwrap();
+        let (b, _) = r.admit(2, age).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(r.has_room(2, age));
+        let (_c, _) = r.admit(2, age).unwrap();
         assert!(
             !r.lock().contains_key(&a),
             "the oldest waiting one was closed"
@@ -494,22 +528,29 @@ mod tests {
         // A connection serving a request is never the one closed.
         let _ = close_a;
         r.set_waiting(b, false);
-        let (_d, _) = r.admit(2).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let (_d, _) = r.admit(2, age).unwrap();
         assert!(r.lock().contains_key(&b));
+        // A connection that has not waited long enough is not closed either.
+        let young = Registry::default();
+        young.admit(1, Duration::from_secs(60)).unwrap();
+        assert!(!young.has_room(1, Duration::from_secs(60)));
+        assert!(young.admit(1, Duration::from_secs(60)).is_none());
         // Every connection busy: the new one is refused.
         let ids: Vec<u64> = r.lock().keys().copied().collect();
         for id in ids {
             r.set_waiting(id, false);
         }
-        assert!(r.admit(2).is_none());
+        assert!(!r.has_room(2, age));
+        assert!(r.admit(2, age).is_none());
     }
 
     #[test]
     fn silent_connections_are_reaped_and_busy_ones_are_not() {
         let r = Registry::default();
-        let (fresh, _) = r.admit(10).unwrap();
-        let (busy, _) = r.admit(10).unwrap();
-        let (idle, _) = r.admit(10).unwrap();
+        let (fresh, _) = r.admit(10, Duration::ZERO).unwrap();
+        let (busy, _) = r.admit(10, Duration::ZERO).unwrap();
+        let (idle, _) = r.admit(10, Duration::ZERO).unwrap();
         r.set_waiting(busy, false);
         r.set_waiting(idle, true); // served a request: the idle timeout applies
         std::thread::sleep(Duration::from_millis(80));
