@@ -7,7 +7,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::records::{self, NewRecord};
-use super::step::{call_once, CallFailure, CallSpec, HumanMode};
+use super::step::call_once;
+use super::unit::{CallFailure, CallSpec, HumanMode};
 use super::{Engine, Error};
 use crate::domain::{StepKind, StepStatus};
 use crate::events::Event;

@@ -7,124 +7,17 @@ use serde_json::{Map, Value};
 
 use super::ending::{announce_resume, close_terminal, finish};
 use super::records;
+use super::unit::{RunState, Start, UnitOutcome, UnitResult};
 use super::{outbox, DriveMode, Engine, Error, RunEnd};
-use crate::domain::{RunStatus, StepKind, StepStatus};
+use crate::domain::{RunStatus, StepStatus};
 use crate::events::Event;
-use crate::pipeline::{Entry, Pipeline};
-use crate::run::context::{self, ContextInput, ItemVars, LoopVars, Normalised, Outputs};
+use crate::pipeline::Entry;
+use crate::run::context::{self, Normalised, Outputs};
 use crate::run::flow;
 use crate::run::plan::{self, InFlight, UnitPlan};
 use crate::run::settle::{self, Boundary, Settle};
 use crate::run::{StepOutput, Usage};
-use crate::store::{RunRecord, StepRecord, Write};
-
-/// The finished state of one unit, not yet committed.
-pub(super) struct UnitResult {
-    pub status: StepStatus,
-    pub output: StepOutput,
-    /// Usage spent by this process on the unit (kept branches are already counted).
-    pub usage: Usage,
-    pub record: StepRecord,
-    pub events: Vec<Write>,
-    pub error: Option<String>,
-    /// Extra template keys to register (branch outputs), besides the unit's name.
-    pub register: Vec<(String, Value)>,
-}
-
-pub(super) enum UnitOutcome {
-    Done(Box<UnitResult>),
-    /// Shutdown arrived while the unit was in flight; it stays `running`.
-    Drained,
-    /// The unit waits for a human decision with the run parked (see `park`).
-    /// Everything it needs is committed; the driver must write nothing more.
-    Parked,
-}
-
-/// How a unit starts.
-pub(super) enum Start {
-    Fresh,
-    Rerun { attempt: u32 },
-    Rearm,
-}
-
-pub(super) struct RunState {
-    pub engine: Arc<Engine>,
-    pub run: RunRecord,
-    pub pipeline: Arc<Pipeline>,
-    pub trigger: Arc<Normalised>,
-    pub outputs: Outputs,
-    pub usage: Usage,
-    pub final_output: Option<Value>,
-    /// Writes of finished units not yet committed (see [`RunState::defer`]).
-    pub deferred: Vec<Write>,
-    /// Driven again after a parked wait: the start time of each `waiting` step,
-    /// which carries on silently from it. Empty otherwise.
-    pub unparked: std::collections::HashMap<String, i64>,
-    /// Held by a run resumed in a start-up wave until it settles (see
-    /// `sweep::resume_all`): dropped before its first executor call other than a
-    /// human step that parks, or when the driver ends or parks.
-    pub wave: Option<super::sweep::WaveTicket>,
-    /// A new run's first step, already recorded as started with the run itself
-    /// (see `Engine::create_run`); taken by `step::run`.
-    pub opened: Option<StepRecord>,
-}
-
-impl RunState {
-    pub fn id(&self) -> &str {
-        &self.run.id
-    }
-
-    pub fn now(&self) -> i64 {
-        self.engine.now_ms()
-    }
-
-    /// A run-log event of this run, stamped now.
-    pub fn ev(&self, event: Event, msg: impl Into<String>) -> Write {
-        event.write(&self.run.id, self.now(), msg)
-    }
-
-    /// Commits `writes` together with any deferred ones, waiting out a store that
-    /// cannot write for a while (see `persist`).
-    pub async fn commit(&mut self, writes: Vec<Write>) -> Result<(), Error> {
-        let mut all = std::mem::take(&mut self.deferred);
-        all.extend(writes);
-        if !all.is_empty() {
-            super::persist::commit(&self.engine, &self.run.id, all).await?;
-        }
-        Ok(())
-    }
-
-    /// Holds a finished unit's writes until the next commit. The next commit always
-    /// happens before any executor is called (the next unit's `running` record, or the
-    /// run's end), so the result is durable before anything that depends on it starts,
-    /// and a step costs one fsync instead of two.
-    pub fn defer(&mut self, writes: Vec<Write>) {
-        self.deferred.extend(writes);
-    }
-
-    pub async fn flush(&mut self) -> Result<(), Error> {
-        self.commit(Vec::new()).await
-    }
-
-    pub fn context(
-        &self,
-        current: &str,
-        loop_vars: Option<&LoopVars>,
-        item: Option<ItemVars<'_>>,
-        extra: Option<&Map<String, Value>>,
-    ) -> Map<String, Value> {
-        context::build(&ContextInput {
-            pipeline: &self.pipeline,
-            run_id: &self.run.id,
-            trigger: &self.trigger,
-            outputs: &self.outputs,
-            current_step: current,
-            loop_vars,
-            item,
-            extra,
-        })
-    }
-}
+use crate::store::Write;
 
 pub(super) async fn drive(
     engine: Arc<Engine>,
@@ -354,7 +247,7 @@ async fn skip(
         run_id: rs.id(),
         path: entry.name(),
         index: records::step_index(i, None),
-        kind: kind_of(entry),
+        kind: super::unit::kind_of(entry),
         action: None,
         started_at: now,
         attempt: 0,
@@ -380,14 +273,6 @@ async fn skip(
     );
     rs.defer(vec![Write::UpsertStep(rec), ev]);
     Ok(())
-}
-
-pub(super) fn kind_of(entry: &Entry) -> StepKind {
-    match entry {
-        Entry::Step(_) => StepKind::Step,
-        Entry::Parallel(_) => StepKind::Parallel,
-        Entry::FanOut(_) => StepKind::FanOut,
-    }
 }
 
 /// Commits a unit's result and what follows from it, as `run::settle` decides.

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::drive::RunState;
+use super::unit::RunState;
 use super::{outbox, Error, RunEnd};
 use crate::domain::{RunStatus, StepStatus};
 use crate::events::Event;

@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::branch::{BranchDone, BranchEnd, BranchJob};
-use super::drive::{RunState, UnitOutcome, UnitResult};
 use super::records::{self, NewRecord};
+use super::unit::{RunState, UnitOutcome, UnitResult};
 use super::Error;
 use crate::domain::{StepKind, StepStatus};
 use crate::events::Event;

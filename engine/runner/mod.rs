@@ -42,6 +42,7 @@ mod signals;
 mod step;
 mod subpipeline;
 pub mod sweep;
+mod unit;
 
 pub use ports::{ApprovalChange, ApprovalDelivery, ApprovalDesk, ChatChannel};
 #[doc(hidden)]

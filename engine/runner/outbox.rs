@@ -21,8 +21,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::drive::RunState;
-use super::step::CallFailure;
+use super::unit::CallFailure;
+use super::unit::RunState;
 use super::Engine;
 use crate::domain::{Channel, NotificationStatus, SendResult, StepStatus};
 use crate::events::Event;

@@ -5,67 +5,18 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::drive::{RunState, Start, UnitOutcome, UnitResult};
 use super::records::{self, NewRecord};
+use super::unit::{CallFailure, CallSpec, HumanMode, RunState, Start, UnitOutcome, UnitResult};
 use super::Error;
 use crate::domain::{StepKind, StepStatus};
 use crate::events::Event;
 use crate::executor::{Call, Outcome};
-use crate::pipeline::{Action, Entry, ExecutorKind, Step};
+use crate::pipeline::{Entry, ExecutorKind, Step};
 use crate::run::attempt::{self, AfterFailure, AfterOutput, LoopEnd};
 use crate::run::context::{self, LoopVars};
 use crate::run::flow;
 use crate::run::{StepOutput, Usage};
 use crate::store::Write;
-
-/// Why an executor call produced no outcome.
-pub(super) enum CallFailure {
-    /// The attempt failed; another attempt may succeed.
-    Error(String),
-    /// The step cannot work as configured (its config does not fit its executor,
-    /// a template does not render, an agent or provider is missing): another
-    /// attempt would fail the same way, so it is not retried.
-    Config(String),
-    /// Shutdown: the call was not made or its result must not be recorded.
-    Drained,
-    /// A human step parked its run (see `park`); its state is committed.
-    Parked,
-}
-
-impl From<crate::executor::Error> for CallFailure {
-    /// The retry decision follows the executor's own word on its error.
-    fn from(e: crate::executor::Error) -> Self {
-        if e.is_retriable() {
-            CallFailure::Error(e.to_string())
-        } else {
-            CallFailure::Config(e.to_string())
-        }
-    }
-}
-
-/// How a human step may wait (other executors ignore it).
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct HumanMode {
-    /// The run may be parked instead of waiting in its task.
-    pub may_park: bool,
-    /// The run was just unparked: the approval is re-armed silently.
-    pub unparked: bool,
-}
-
-/// Everything needed to call an executor once, owned so branches can run in tasks.
-pub(super) struct CallSpec<'a> {
-    pub rs_engine: &'a std::sync::Arc<super::Engine>,
-    pub pipeline: &'a crate::pipeline::Pipeline,
-    pub run_id: &'a str,
-    pub path: &'a str,
-    pub key: &'a str,
-    pub attempt: u32,
-    pub action: &'a Action,
-    /// Owned, and dropped once the templates are rendered: a step parked on a
-    /// long wait (a human approval) must not keep its whole context alive.
-    pub ctx: minijinja::Value,
-    pub human: HumanMode,
-}
 
 /// Renders the action's templates and calls its executor once, within its timeout.
 pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure> {
@@ -474,7 +425,7 @@ pub(super) fn escalate_in_flight(rs: &RunState, i: usize, entry: &Entry) -> Unit
         run_id: rs.id(),
         path,
         index: records::step_index(i, None),
-        kind: super::drive::kind_of(entry),
+        kind: super::unit::kind_of(entry),
         action,
         started_at: now,
         attempt: 1,

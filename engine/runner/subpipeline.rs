@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::step::CallFailure;
+use super::unit::CallFailure;
 use super::{Created, Engine, ParentLink, RunEnd};
 use crate::domain::RunStatus;
 use crate::executor::{Call, Outcome};

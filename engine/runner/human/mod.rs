@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use rand::RngCore;
 
-use super::step::{CallFailure, HumanMode};
+use super::unit::{CallFailure, HumanMode};
 use super::{ApprovalChange, Engine};
 use crate::domain::{ApprovalStatus, StepKind, StepStatus};
 use crate::events::Event;

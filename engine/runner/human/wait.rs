@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::super::step::CallFailure;
+use super::super::unit::CallFailure;
 use super::super::Engine;
 use super::fail;
 use crate::domain::ApprovalStatus;
