@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::call::call_once;
 use super::records::{self, NewRecord};
-use super::step::call_once;
 use super::unit::{CallFailure, CallSpec, HumanMode};
 use super::{Engine, Error};
 use crate::domain::{StepKind, StepStatus};

@@ -27,6 +27,7 @@ use crate::run::context::Normalised;
 use crate::store::{Outcome, RunRecord, Store, Write};
 
 mod branch;
+mod call;
 mod drive;
 mod ending;
 mod group;
