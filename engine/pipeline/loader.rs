@@ -164,13 +164,7 @@ pub fn load(paths: &[PathBuf], config: &Config) -> (Option<PipelineSet>, Diagnos
         refs.push((pipeline.name.clone(), sub_refs));
         set.pipelines.push(Arc::new(pipeline));
     }
-    check_subpipelines(&set, &refs, &mut d);
-    d.sort();
-    if d.has_errors() {
-        (None, d)
-    } else {
-        (Some(set), d)
-    }
+    finish(set, &refs, d)
 }
 
 /// Loads the one pipeline in `file`, plus the pipelines of `folder` it calls as
@@ -234,13 +228,7 @@ pub fn load_file(
             set.pipelines.push(Arc::new(p));
         }
     }
-    check_subpipelines(&set, &refs, &mut d);
-    d.sort();
-    if d.has_errors() {
-        (None, d)
-    } else {
-        (Some(set), d)
-    }
+    finish(set, &refs, d)
 }
 
 /// Reads, parses and validates one pipeline file, reporting problems into `d`.
@@ -283,6 +271,18 @@ fn declared_name(file: &Path) -> Option<String> {
 type Refs = Vec<(String, Vec<SubpipelineRef>)>;
 
 /// Every `executor: pipeline` names a loaded pipeline, and no pipeline reaches itself.
+/// The end of every load: sub-pipeline references checked, diagnostics sorted,
+/// and the set only when nothing is an error.
+fn finish(set: PipelineSet, refs: &Refs, mut d: Diagnostics) -> (Option<PipelineSet>, Diagnostics) {
+    check_subpipelines(&set, refs, &mut d);
+    d.sort();
+    if d.has_errors() {
+        (None, d)
+    } else {
+        (Some(set), d)
+    }
+}
+
 fn check_subpipelines(set: &PipelineSet, refs: &Refs, d: &mut Diagnostics) {
     let names: Vec<&str> = set.pipelines.iter().map(|p| p.name.as_str()).collect();
     let mut graph: HashMap<&str, Vec<&str>> = HashMap::new();
