@@ -23,7 +23,7 @@
 //!   store, decides no run status.
 //! - [`runner`]: the driver that performs what `run` decides (steps, groups,
 //!   approvals, ends, resumes); parses no YAML, speaks no HTTP, never imports
-//!   `telegram`.
+//!   `telegram`. Its units use `runner::Services`, never the `Engine`.
 //! - [`store`]: SQLite (migrations, the writer thread, one file per table, lock
 //!   files); the only module that imports rusqlite; knows no pipeline.
 //! - [`intake`]: alert normalisers, `trigger.match` and the resolver; touches no

@@ -105,6 +105,66 @@ fn the_runner_never_imports_telegram() {
     );
 }
 
+/// The files that run a unit. They work with `Services` (store, executors, clock,
+/// config, HTTP client, approval signals) and reach the engine only through
+/// `subpipeline::ChildRuns`; only the driver files (`mod`, `drive`, `sweep`, `park`,
+/// `ports`, `schedule`, `retention`) hold the `Engine`.
+const UNIT_FILES: &[&str] = &[
+    "branch.rs",
+    "call.rs",
+    "ending.rs",
+    "group.rs",
+    "outbox.rs",
+    "persist.rs",
+    "records.rs",
+    "services.rs",
+    "signals.rs",
+    "step.rs",
+    "subpipeline.rs",
+    "unit.rs",
+    "human/mod.rs",
+    "human/delivery.rs",
+    "human/wait.rs",
+];
+
+/// `file:line: code` for each line of `engine/runner/<file>` whose code names `word`.
+fn lines_naming(files: &[&str], word: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for f in files {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("engine/runner")
+            .join(f);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            panic!("cannot read {}", path.display());
+        };
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("#[cfg(test)]") {
+                break;
+            }
+            let code = code_of(line);
+            let named = code
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .any(|w| w == word);
+            if named {
+                found.push(format!("engine/runner/{f}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn units_work_with_services_and_never_name_the_engine() {
+    let found = lines_naming(UNIT_FILES, "Engine");
+    assert!(
+        found.is_empty(),
+        "a unit must use `Services` (and `ChildRuns` for a child run), not the engine:\n{}",
+        found.join("\n")
+    );
+    // The scan can fail: the driver holds the engine.
+    assert!(!lines_naming(&["drive.rs"], "Engine").is_empty());
+}
+
 #[test]
 fn the_import_scan_finds_an_import() {
     // The scan above must be able to fail: telegram/ itself imports the runner.

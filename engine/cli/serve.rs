@@ -71,7 +71,7 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         // timeout, per notification) must not hold back readiness or resumes. The
         // outbox's claim set keeps it from racing a run's own delivery. The same
         // task retries failed deliveries until shutdown (runner::outbox).
-        outbox::start_retries(&engine);
+        outbox::start_retries(engine.services());
         let resumable = sweep::sweep(&engine).await?;
         engine.refresh_approvals_gauge();
         {

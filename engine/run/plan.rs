@@ -70,6 +70,10 @@ pub struct ResumePlan {
     /// Step paths that were in flight.
     pub in_flight: Vec<String>,
     pub on_interrupted: OnInterrupted,
+    /// The records of the steps and branches left in flight or waiting, which the
+    /// units that take them over keep (first start, attempts, position,
+    /// executor): with these the driver needs no second read of the run's records.
+    pub interrupted: Vec<StepRecord>,
 }
 
 impl ResumePlan {
@@ -117,6 +121,11 @@ pub fn plan(pipeline: &Pipeline, records: &[StepRecord]) -> ResumePlan {
         branches_skipped: 0,
         in_flight: Vec::new(),
         on_interrupted: policy,
+        interrupted: records
+            .iter()
+            .filter(|r| matches!(r.status, StepStatus::Running | StepStatus::Waiting))
+            .cloned()
+            .collect(),
     };
     for entry in &pipeline.steps {
         let name = entry.name();

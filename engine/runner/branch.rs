@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::call::call_once;
 use super::records::{self, NewRecord};
-use super::unit::{CallFailure, CallSpec, HumanMode};
-use super::{Engine, Error};
+use super::unit::{CallFailure, CallSpec, HumanMode, UnitFacts};
+use super::{Error, Services};
 use crate::domain::{StepKind, StepStatus};
 use crate::events::Event;
 use crate::pipeline::{Action, Pipeline};
@@ -18,7 +18,11 @@ use crate::store::Write;
 
 /// One branch to execute, owning what it needs so it can run as its own task.
 pub(super) struct BranchJob {
-    pub(super) engine: Arc<Engine>,
+    pub(super) services: Arc<Services>,
+    pub(super) children: Arc<dyn super::subpipeline::ChildRuns>,
+    pub(super) team: Option<String>,
+    pub(super) stage: String,
+    pub(super) trigger: Arc<crate::run::context::Normalised>,
     pub(super) pipeline: Arc<Pipeline>,
     pub(super) run_id: String,
     pub(super) group: String,
@@ -45,7 +49,7 @@ pub(super) enum BranchEnd {
 
 impl BranchJob {
     pub(super) async fn run(self, pos: usize) -> Result<BranchEnd, Error> {
-        let now = self.engine.now_ms();
+        let now = self.services.now_ms();
         let mut rec = records::running(NewRecord {
             run_id: &self.run_id,
             path: &self.path,
@@ -57,14 +61,15 @@ impl BranchJob {
             iteration: 1,
         });
         super::persist::commit(
-            &self.engine,
+            &self.services,
             &self.run_id,
             vec![Write::UpsertStep(rec.clone())],
         )
         .await?;
         let key = records::idempotency_key(&self.run_id, &self.path, 1);
         let result = call_once(CallSpec {
-            rs_engine: &self.engine,
+            services: &self.services,
+            children: &self.children,
             pipeline: &self.pipeline,
             run_id: &self.run_id,
             path: &self.path,
@@ -75,9 +80,15 @@ impl BranchJob {
             // A branch's human step waits in the group's task: parking is for the
             // run as a whole, and the other branches may still be running.
             human: HumanMode::default(),
+            facts: UnitFacts {
+                record: &rec,
+                team: self.team.as_deref(),
+                stage: &self.stage,
+                trigger: &self.trigger,
+            },
         })
         .await;
-        let now = self.engine.now_ms();
+        let now = self.services.now_ms();
         let (status, output, usage, error) = match result {
             Ok(o) => (StepStatus::Completed, o.output, o.usage, None),
             // Parked cannot happen (parking is off above); leave it for a restart.
@@ -109,8 +120,12 @@ impl BranchJob {
             }
         };
         let ev = event.write(&self.run_id, now, format!("Branch {} {status}", self.path));
-        super::persist::commit(&self.engine, &self.run_id, vec![Write::UpsertStep(rec), ev])
-            .await?;
+        super::persist::commit(
+            &self.services,
+            &self.run_id,
+            vec![Write::UpsertStep(rec), ev],
+        )
+        .await?;
         Ok(BranchEnd::Done(BranchDone {
             pos,
             confidence: if error.is_some() {

@@ -41,12 +41,21 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
             // Boxed: inline, this rarely used future would size every running step
             // (and every run parked on a human approval) after itself.
             ExecutorKind::Pipeline => {
-                Box::pin(super::subpipeline::run(spec.rs_engine, &call)).await
+                let parent = super::subpipeline::Parent {
+                    services: spec.services,
+                    children: spec.children,
+                    trigger: spec.facts.trigger,
+                };
+                Box::pin(super::subpipeline::run(parent, &call)).await
             }
-            ExecutorKind::Human => super::human::run(spec.rs_engine, &call, spec.human).await,
+            ExecutorKind::Human => {
+                super::human::run(spec.services, &call, spec.human, spec.facts).await
+            }
             // Queued in the outbox, which delivers and retries it (see `outbox`).
-            ExecutorKind::Notify => super::outbox::queue_step(spec.rs_engine, &call).await,
-            kind => match spec.rs_engine.executors.get(kind) {
+            ExecutorKind::Notify => {
+                super::outbox::queue_step(spec.services, &call, spec.pipeline.stage).await
+            }
+            kind => match spec.services.executors.get(kind) {
                 Some(ex) => ex.execute(call.clone()).await.map_err(CallFailure::from),
                 None => Err(CallFailure::Config(format!(
                     "executor `{}` is not available in this process",

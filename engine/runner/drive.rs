@@ -59,21 +59,27 @@ pub(super) async fn drive(
     } else {
         Vec::new()
     };
-    let plan = plan::plan(&pipeline, &stored);
+    let mut plan = plan::plan(&pipeline, &stored);
+    // A parked run lives for as long as its wait: keep only what the loop needs.
+    drop(stored);
+    let interrupted: std::collections::HashMap<String, crate::store::StepRecord> =
+        std::mem::take(&mut plan.interrupted)
+            .into_iter()
+            .map(|r| (r.step_path.clone(), r))
+            .collect();
     let unparked = match mode {
-        DriveMode::Unpark => stored
-            .iter()
+        DriveMode::Unpark => interrupted
+            .values()
             .filter(|r| r.status == StepStatus::Waiting)
             .map(|r| (r.step_path.clone(), r.started_at))
             .collect(),
         _ => Default::default(),
     };
-    // A parked run lives for as long as its wait: keep only what the loop needs.
-    drop(stored);
     run.context_json = String::new();
     run.payload_json = String::new();
     let mut rs = RunState {
-        engine: engine.clone(),
+        services: engine.services().clone(),
+        children: engine.clone(),
         usage: plan.usage,
         run,
         pipeline: pipeline.clone(),
@@ -84,6 +90,7 @@ pub(super) async fn drive(
         unparked,
         wave,
         opened,
+        interrupted,
     };
     if mode == DriveMode::Resume {
         announce_resume(&mut rs, &plan).await?;
@@ -368,7 +375,7 @@ async fn deliver_failure(
         writes.extend(outbox::failure_webhook(rs, s, summary, StepStatus::Failed));
     }
     rs.commit(writes).await?;
-    let engine = rs.engine.clone();
+    let engine = rs.services.clone();
     let run_id = rs.id().to_string();
     tokio::spawn(async move { outbox::deliver_run(&engine, &run_id).await });
     Ok(())

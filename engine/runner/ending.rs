@@ -51,14 +51,14 @@ pub(super) async fn finish(
     rs.commit(writes).await?;
     if status != RunStatus::Completed {
         // Chat messages of the approvals just closed say so (in the background).
-        rs.engine.publish(super::ApprovalChange::Closed {
+        rs.services.publish(super::ApprovalChange::Closed {
             run_id: rs.id().to_string(),
         });
     }
     crate::telemetry::run_finished(&rs.pipeline.name, status.as_str());
     tracing::info!(run_id = %rs.id(), pipeline = %rs.pipeline.name, status = %status, "Run finished.");
     if owes_notifications {
-        outbox::deliver_run(&rs.engine, rs.id()).await;
+        outbox::deliver_run(&rs.services, rs.id()).await;
     }
     Ok(RunEnd::Finished(status))
 }

@@ -383,7 +383,11 @@ fn spawn_branches(
             continue;
         };
         let job = BranchJob {
-            engine: rs.engine.clone(),
+            services: rs.services.clone(),
+            children: rs.children.clone(),
+            team: rs.run.team.clone(),
+            stage: rs.run.stage.clone(),
+            trigger: rs.trigger.clone(),
             pipeline: rs.pipeline.clone(),
             run_id: rs.id().to_string(),
             group: shape.name.to_string(),
@@ -486,10 +490,8 @@ fn escalate_group(
             iteration: 1,
         });
         // Keep the branch's position and executor from its original record.
-        if let Ok(existing) = rs.engine.store.steps(rs.id()) {
-            if let Some(orig) = existing.into_iter().find(|r| &r.step_path == path) {
-                b = orig;
-            }
+        if let Some(orig) = rs.interrupted.get(path) {
+            b = orig.clone();
         }
         records::finish(
             &mut b,
@@ -537,9 +539,11 @@ async fn timed_out(
     let reason = format!("{} '{}' timed out after {secs}s", shape.label, shape.name);
     let now = rs.now();
     // Branches cut off by the timeout are closed as failed so nothing looks in flight.
+    // The one read of a run's records after its plan: branch tasks commit their own
+    // records, so only the store knows which of them finished just before the cut.
     let mut writes = Vec::new();
     let stored =
-        super::persist::read(&rs.engine, rs.id(), || rs.engine.store.steps(rs.id())).await?;
+        super::persist::read(&rs.services, rs.id(), || rs.services.store.steps(rs.id())).await?;
     for r in stored {
         if r.status == StepStatus::Running && r.step_path.starts_with(&format!("{}/", shape.name)) {
             let mut r = r;

@@ -10,8 +10,7 @@
 //!   neither continue past it nor lose or repeat those notifications;
 //! - branches of a group are recorded one by one as they finish.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -39,6 +38,7 @@ pub mod ports;
 pub mod records;
 pub mod retention;
 pub mod schedule;
+mod services;
 mod signals;
 mod step;
 mod subpipeline;
@@ -46,6 +46,7 @@ pub mod sweep;
 mod unit;
 
 pub use ports::{ApprovalChange, ApprovalDelivery, ApprovalDesk, ChatChannel};
+pub use services::Services;
 #[doc(hidden)]
 pub use signals::RetainedSizes;
 
@@ -147,40 +148,29 @@ pub struct Decider {
     pub client: Option<String>,
 }
 
+/// The engine owns the runs of this process: it records new runs, admits and
+/// drives them, parks and unparks them, and decides approvals. What a running unit
+/// may use is its [`Services`], to which the engine derefs (so `engine.store`,
+/// `engine.now_ms()` read as before).
 pub struct Engine {
-    pub store: Store,
-    pub config: Arc<Config>,
+    services: Arc<Services>,
     pipelines: RwLock<Arc<PipelineSet>>,
-    pub executors: Executors,
-    pub http: reqwest::Client,
-    pub clock: Arc<dyn Clock>,
-    shutdown: tokio::sync::watch::Sender<bool>,
-    active: AtomicUsize,
     idle: tokio::sync::Notify,
-    /// Cancellations, approval wake-ups and used approvals of the runs in progress,
-    /// dropped when a run's driver ends (see `signals`).
-    signals: signals::RunSignals,
-    /// Subscribers of approval changes (see `ports`).
-    changes: ports::Changes,
-    /// The chat human steps deliver requests through, installed at start (`ports`).
-    chat: std::sync::OnceLock<Arc<dyn ChatChannel>>,
-    /// Notification ids being sent right now, so two deliverers never send one twice.
-    pub(crate) delivering: Mutex<HashSet<String>>,
-    /// Set by `outbox::start_retries` (`serve`): a failed delivery stays pending and
-    /// is retried. A one-shot process tries once and records the failure.
-    pub(crate) outbox_retrying: std::sync::atomic::AtomicBool,
     /// Runs `create_run` just recorded and no driver has picked up yet, with their
     /// trigger: the first drive of a new run starts from these instead of reading
     /// back and re-parsing the row it has just written (see `take_fresh`).
     fresh: Mutex<std::collections::HashMap<String, Box<FreshRun>>>,
-    /// Runs parked on approvals (see `park`).
-    parking: Mutex<park::Parking>,
-    parking_changed: tokio::sync::Notify,
-    parking_enabled: std::sync::atomic::AtomicBool,
-    keeper_started: std::sync::atomic::AtomicBool,
     /// The `vectorstep run` process that owns every run this engine creates (the
     /// name of its lock, see `store::lock`); unset in `serve`, whose runs are unowned.
     owner: std::sync::OnceLock<String>,
+}
+
+impl std::ops::Deref for Engine {
+    type Target = Services;
+
+    fn deref(&self) -> &Services {
+        &self.services
+    }
 }
 
 /// A run as `create_run` recorded it, without its JSON copies (the driver keeps
@@ -200,32 +190,22 @@ impl Engine {
         executors: Executors,
         clock: Arc<dyn Clock>,
     ) -> Arc<Engine> {
-        let (shutdown, _) = tokio::sync::watch::channel(false);
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
         Arc::new(Engine {
-            store,
-            config,
+            services: Arc::new(Services::new(config, store, executors, http, clock)),
             pipelines: RwLock::new(Arc::new(pipelines)),
-            executors,
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .build()
-                .unwrap_or_default(),
-            clock,
-            shutdown,
-            active: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
-            signals: signals::RunSignals::default(),
-            changes: ports::Changes::default(),
-            chat: std::sync::OnceLock::new(),
-            delivering: Mutex::new(HashSet::new()),
-            outbox_retrying: std::sync::atomic::AtomicBool::new(false),
             fresh: Mutex::new(std::collections::HashMap::new()),
-            parking: Mutex::new(park::Parking::default()),
-            parking_changed: tokio::sync::Notify::new(),
-            parking_enabled: std::sync::atomic::AtomicBool::new(false),
-            keeper_started: std::sync::atomic::AtomicBool::new(false),
             owner: std::sync::OnceLock::new(),
         })
+    }
+
+    /// What the units of this engine's runs use.
+    pub fn services(&self) -> &Arc<Services> {
+        &self.services
     }
 
     /// Marks every run this engine creates from now on as owned by `owner`, a
@@ -250,10 +230,6 @@ impl Engine {
 
     pub fn pipeline(&self, name: &str) -> Option<Arc<Pipeline>> {
         self.pipelines().get(name).cloned()
-    }
-
-    pub fn now_ms(&self) -> i64 {
-        self.clock.now_ms()
     }
 
     /// Records a new run (status `running`, `run_started`) without starting it.
@@ -497,11 +473,6 @@ impl Engine {
         });
     }
 
-    /// `runs_in_progress`: runs driven by a task plus runs parked on an approval.
-    fn report_in_progress(&self) {
-        crate::telemetry::runs_in_progress(self.active.load(Ordering::SeqCst) + self.parked_runs());
-    }
-
     /// Takes one of `max` run slots, or `None` when all are taken. The slot is
     /// held from before the run is recorded until it ends, so a burst of requests
     /// cannot all pass the cap at once. Dropping an unused admission frees it.
@@ -514,11 +485,6 @@ impl Engine {
             .map(|_| Admission {
                 engine: Some(self.clone()),
             })
-    }
-
-    /// Number of runs being driven by this process.
-    pub fn active_runs(&self) -> usize {
-        self.active.load(Ordering::SeqCst)
     }
 
     /// Asks a run to stop at its next step boundary.
@@ -542,34 +508,6 @@ impl Engine {
         self.unpark_run(run_id);
     }
 
-    pub fn is_cancelled(&self, run_id: &str) -> bool {
-        self.signals.is_cancelled(run_id)
-    }
-
-    /// Who cancelled `run_id`, if it was cancelled by someone known.
-    pub fn cancelled_by(&self, run_id: &str) -> Option<String> {
-        self.signals.cancelled_by(run_id)
-    }
-
-    /// How many per-run entries (cancellations, approval wake-ups, used approvals)
-    /// the engine holds; all zero once no run is in progress. For tests.
-    #[doc(hidden)]
-    pub fn retained_sizes(&self) -> RetainedSizes {
-        self.signals.sizes()
-    }
-
-    /// Stops starting new steps; steps in flight finish and are recorded.
-    pub fn begin_shutdown(&self) {
-        // `send_replace`, not `send`: `send` refuses to store the value when no
-        // receiver exists (the usual case: only human waits subscribe), which left
-        // `is_shutting_down` false and let runs go on starting steps during a drain.
-        self.shutdown.send_replace(true);
-    }
-
-    pub fn is_shutting_down(&self) -> bool {
-        *self.shutdown.borrow()
-    }
-
     /// Waits until no run is being driven, or `grace` passes. Returns whether idle.
     pub async fn wait_idle(&self, grace: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + grace;
@@ -582,22 +520,6 @@ impl Engine {
                 return self.active_runs() == 0;
             }
         }
-    }
-
-    /// A receiver that changes when shutdown begins.
-    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.shutdown.subscribe()
-    }
-
-    /// The wake-up for waiters on `token`, an approval of `run_id`; kept until the
-    /// run's driver ends.
-    pub(crate) fn approval_signal(&self, run_id: &str, token: &str) -> Arc<tokio::sync::Notify> {
-        self.signals.approval(run_id, token)
-    }
-
-    /// The signal of `token` if something (a wait, a delivery) listens on it.
-    fn existing_approval_signal(&self, token: &str) -> Option<Arc<tokio::sync::Notify>> {
-        self.signals.existing_approval(token)
     }
 
     /// Decides a pending approval; the first decision wins.
@@ -680,11 +602,37 @@ impl Engine {
         }
         Ok(outcome)
     }
+}
 
-    /// Sets `vectorstep_human_approvals_pending` from the store (production only).
-    pub fn refresh_approvals_gauge(&self) {
-        if let Ok(n) = self.store.count_pending_production_approvals() {
-            crate::telemetry::approvals_pending(n as usize);
-        }
+/// How sub-pipeline steps reach this engine (see `subpipeline::ChildRuns`).
+impl subpipeline::ChildRuns for Engine {
+    fn pipeline(&self, name: &str) -> Option<Arc<Pipeline>> {
+        Engine::pipeline(self, name)
+    }
+
+    fn create<'a>(
+        &'a self,
+        pipeline: &'a Pipeline,
+        trigger: &'a Normalised,
+        parent: ParentLink,
+    ) -> crate::executor::BoxFuture<'a, Result<Created, Error>> {
+        Box::pin(async move {
+            self.create_run(
+                pipeline,
+                trigger,
+                &serde_json::json!({}),
+                Some(parent),
+                None,
+            )
+            .await
+        })
+    }
+
+    fn drive(self: Arc<Self>, run_id: String) -> tokio::task::JoinHandle<Result<RunEnd, Error>> {
+        self.spawn(run_id, DriveMode::New)
+    }
+
+    fn cancel(self: Arc<Self>, run_id: &str) {
+        Engine::cancel(&self, run_id);
     }
 }

@@ -23,7 +23,7 @@ use serde_json::{json, Map, Value};
 
 use super::unit::CallFailure;
 use super::unit::RunState;
-use super::Engine;
+use super::Services;
 use crate::domain::{Channel, NotificationStatus, SendResult, StepStatus};
 use crate::events::Event;
 use crate::executor::{notify, Call, Outcome};
@@ -198,16 +198,14 @@ pub(super) fn failure_webhook(
 /// step is done once the row is committed: delivery (and its retries) no longer
 /// holds up the run, and a chat outage cannot fail it.
 pub(super) async fn queue_step(
-    engine: &Arc<Engine>,
+    engine: &Arc<Services>,
     call: &Call<'_>,
+    stage: Stage,
 ) -> Result<Outcome, CallFailure> {
     let mut m = notify::prepare(&engine.config, call).map_err(CallFailure::from)?;
     // A testing pipeline never talks to the outside world (checked above all the
     // same, so that a broken channel shows before the pipeline is promoted).
-    if engine
-        .pipeline(call.pipeline)
-        .is_some_and(|p| p.stage == Stage::Testing)
-    {
+    if stage == Stage::Testing {
         m.channel = Channel::Log.to_string();
         m.url = None;
         m.body = None;
@@ -268,7 +266,7 @@ pub(super) async fn queue_step(
 const NOTIFY_STEP: &str = "notify_step";
 
 /// Sends every pending notification of one run.
-pub async fn deliver_run(engine: &Arc<Engine>, run_id: &str) {
+pub async fn deliver_run(engine: &Arc<Services>, run_id: &str) {
     match engine.store.notifications_of_run(run_id) {
         Ok(list) => {
             deliver(
@@ -284,7 +282,7 @@ pub async fn deliver_run(engine: &Arc<Engine>, run_id: &str) {
 }
 
 /// Sends everything left pending by an earlier process, once.
-pub async fn deliver_all_pending(engine: &Arc<Engine>) {
+pub async fn deliver_all_pending(engine: &Arc<Services>) {
     match engine.store.pending_notifications() {
         Ok(list) => deliver(engine, list).await,
         Err(e) => tracing::error!(error = %e, "Cannot read the notification outbox."),
@@ -293,17 +291,17 @@ pub async fn deliver_all_pending(engine: &Arc<Engine>) {
 
 /// Makes failed deliveries stay pending and starts the task that retries them (and
 /// sends what an earlier process left pending) until shutdown. Called by `serve`.
-pub fn start_retries(engine: &Arc<Engine>) -> tokio::task::JoinHandle<()> {
+pub fn start_retries(engine: &Arc<Services>) -> tokio::task::JoinHandle<()> {
     engine.outbox_retrying.store(true, Ordering::SeqCst);
     let engine = engine.clone();
     tokio::spawn(async move { retry_loop(engine).await })
 }
 
-fn retrying(engine: &Engine) -> bool {
+fn retrying(engine: &Services) -> bool {
     engine.outbox_retrying.load(Ordering::SeqCst)
 }
 
-async fn retry_loop(engine: Arc<Engine>) {
+async fn retry_loop(engine: Arc<Services>) {
     let mut shutdown = engine.shutdown_signal();
     let slots = Arc::new(tokio::sync::Semaphore::new(RETRY_CONCURRENCY));
     while !engine.is_shutting_down() {
@@ -342,7 +340,7 @@ async fn retry_loop(engine: Arc<Engine>) {
     }
 }
 
-fn max_age_ms(engine: &Engine) -> i64 {
+fn max_age_ms(engine: &Services) -> i64 {
     i64::try_from(engine.config.notification_max_age_seconds)
         .unwrap_or(i64::MAX / 1000)
         .saturating_mul(1000)
@@ -364,7 +362,7 @@ pub fn due_at(n: &NotificationRecord, max_age_ms: i64) -> i64 {
     }
 }
 
-fn claim(engine: &Engine, id: &str) -> bool {
+fn claim(engine: &Services, id: &str) -> bool {
     engine
         .delivering
         .lock()
@@ -372,13 +370,13 @@ fn claim(engine: &Engine, id: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn release(engine: &Engine, id: &str) {
+fn release(engine: &Services, id: &str) {
     if let Ok(mut d) = engine.delivering.lock() {
         d.remove(id);
     }
 }
 
-async fn deliver(engine: &Arc<Engine>, list: Vec<NotificationRecord>) {
+async fn deliver(engine: &Arc<Services>, list: Vec<NotificationRecord>) {
     for n in list {
         if !claim(engine, &n.id) {
             continue;
@@ -388,7 +386,7 @@ async fn deliver(engine: &Arc<Engine>, list: Vec<NotificationRecord>) {
     }
 }
 
-async fn deliver_one(engine: &Arc<Engine>, n: &NotificationRecord) {
+async fn deliver_one(engine: &Arc<Services>, n: &NotificationRecord) {
     // Another deliverer may have finished this one between our read and our claim.
     let current = match engine
         .store
@@ -456,7 +454,7 @@ impl From<&str> for Failure {
 }
 
 async fn mark(
-    engine: &Arc<Engine>,
+    engine: &Arc<Services>,
     n: &NotificationRecord,
     result: Result<(), Failure>,
     kind: &str,
@@ -552,7 +550,7 @@ async fn mark(
     }
 }
 
-async fn send(engine: &Arc<Engine>, id: &str, d: &Delivery) -> Result<(), Failure> {
+async fn send(engine: &Arc<Services>, id: &str, d: &Delivery) -> Result<(), Failure> {
     match Channel::parse(&d.channel) {
         Some(Channel::Log) => {
             tracing::warn!(target: "vectorstep::notification", action = %d.action, step = %d.step, "{}", d.text);

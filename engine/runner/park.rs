@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{DriveMode, Engine};
@@ -35,7 +35,7 @@ use super::{DriveMode, Engine};
 const FOREIGN_DECISIONS_EVERY: Duration = Duration::from_secs(5);
 
 /// One parked run.
-struct Parked {
+pub(super) struct Parked {
     run_id: String,
     deadline_at: i64,
 }
@@ -53,7 +53,21 @@ impl Parking {
         self.by_token.len()
     }
 
-    fn remove(&mut self, token: &str) -> Option<Parked> {
+    /// Adds a parked run; `true` when its deadline is now the earliest.
+    pub(super) fn insert(&mut self, token: &str, run_id: &str, deadline_at: i64) -> bool {
+        let before = self.by_deadline.first().map(|(d, _)| *d);
+        self.by_token.insert(
+            token.to_string(),
+            Parked {
+                run_id: run_id.to_string(),
+                deadline_at,
+            },
+        );
+        self.by_deadline.insert((deadline_at, token.to_string()));
+        before.is_none_or(|d| deadline_at < d)
+    }
+
+    pub(super) fn remove(&mut self, token: &str) -> Option<Parked> {
         let parked = self.by_token.remove(token)?;
         self.by_deadline
             .remove(&(parked.deadline_at, token.to_string()));
@@ -65,60 +79,14 @@ impl Parking {
     }
 }
 
-fn lock(m: &Mutex<Parking>) -> MutexGuard<'_, Parking> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
-}
-
 impl Engine {
-    /// Lets human steps park their runs instead of waiting in a task (`serve`).
-    /// Off by default: `vectorstep run` and embedders drive a run to its end.
-    pub fn enable_parking(&self) {
-        self.parking_enabled.store(true, Ordering::SeqCst);
-    }
-
-    pub(crate) fn parking_enabled(&self) -> bool {
-        self.parking_enabled.load(Ordering::SeqCst)
-    }
-
-    /// Number of runs parked on an approval.
-    pub fn parked_runs(&self) -> usize {
-        lock(&self.parking).len()
-    }
-
-    /// Registers a run as parked on `token` until `deadline_at` (unix ms).
-    pub(crate) fn park(self: &Arc<Self>, token: &str, run_id: &str, deadline_at: i64) {
-        let earliest = {
-            let mut p = lock(&self.parking);
-            let before = p.by_deadline.first().map(|(d, _)| *d);
-            p.by_token.insert(
-                token.to_string(),
-                Parked {
-                    run_id: run_id.to_string(),
-                    deadline_at,
-                },
-            );
-            p.by_deadline.insert((deadline_at, token.to_string()));
-            before.is_none_or(|d| deadline_at < d)
-        };
-        if !self.keeper_started.swap(true, Ordering::SeqCst) {
+    /// Lets human steps park their runs instead of waiting in a task (`serve`),
+    /// and starts the keeper that acts on their deadlines. Off by default:
+    /// `vectorstep run` and embedders drive a run to its end.
+    pub fn enable_parking(self: &Arc<Self>) {
+        if self.turn_parking_on() {
             tokio::spawn(keeper(self.clone()));
-        } else if earliest {
-            // The keeper sleeps until the earliest deadline it knew of.
-            self.parking_changed.notify_one();
         }
-        self.report_in_progress();
-    }
-
-    /// Takes `token` back from the parked set; `true` if the caller now owns the run.
-    pub(crate) fn claim_parked(&self, token: &str) -> bool {
-        let taken = lock(&self.parking).remove(token).is_some();
-        if taken {
-            self.report_in_progress();
-        }
-        taken
     }
 
     /// Drives the run parked on `token` again, if one is; `false` when none is
@@ -129,7 +97,7 @@ impl Engine {
             // start re-arms it.
             return false;
         }
-        let Some(parked) = lock(&self.parking).remove(token) else {
+        let Some(parked) = self.parking().remove(token) else {
             return false;
         };
         self.active.fetch_add(1, Ordering::SeqCst);
@@ -144,7 +112,8 @@ impl Engine {
 
     /// Unparks every run parked on one of the tokens of `run_id` (cancellation).
     pub(crate) fn unpark_run(self: &Arc<Self>, run_id: &str) {
-        let tokens: Vec<String> = lock(&self.parking)
+        let tokens: Vec<String> = self
+            .parking()
             .by_token
             .iter()
             .filter(|(_, p)| p.run_id == run_id)
@@ -157,7 +126,7 @@ impl Engine {
 }
 
 /// One timer for every parked deadline, plus the check for foreign decisions.
-/// Started by the first park; ends at shutdown.
+/// Started with parking (`serve`); ends at shutdown.
 async fn keeper(engine: Arc<Engine>) {
     let mut shutdown = engine.shutdown_signal();
     let mut next_foreign_check = tokio::time::Instant::now() + FOREIGN_DECISIONS_EVERY;
@@ -170,7 +139,7 @@ async fn keeper(engine: Arc<Engine>) {
         }
         let now = engine.now_ms();
         let due: Vec<String> = {
-            let p = lock(&engine.parking);
+            let p = engine.parking();
             p.by_deadline
                 .iter()
                 .take_while(|(d, _)| *d <= now)
@@ -180,11 +149,11 @@ async fn keeper(engine: Arc<Engine>) {
         for token in due {
             engine.unpark(&token);
         }
-        if tokio::time::Instant::now() >= next_foreign_check {
+        if tokio::time::Instant::now() >= next_foreign_check && engine.parked_runs() > 0 {
             unpark_decided_elsewhere(&engine);
             next_foreign_check = tokio::time::Instant::now() + FOREIGN_DECISIONS_EVERY;
         }
-        let next_deadline = lock(&engine.parking).by_deadline.first().map(|(d, _)| *d);
+        let next_deadline = engine.parking().by_deadline.first().map(|(d, _)| *d);
         let until_deadline = next_deadline
             .map(|d| Duration::from_millis((d - engine.now_ms()).max(0) as u64))
             .unwrap_or(FOREIGN_DECISIONS_EVERY);
@@ -207,7 +176,8 @@ fn unpark_decided_elsewhere(engine: &Arc<Engine>) {
             return;
         }
     };
-    let decided: Vec<String> = lock(&engine.parking)
+    let decided: Vec<String> = engine
+        .parking()
         .by_token
         .keys()
         .filter(|t| !pending.contains(*t))

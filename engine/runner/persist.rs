@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use super::{Engine, Error};
+use super::{Error, Services};
 use crate::domain::RunStatus;
 use crate::events::Event;
 use crate::store::{Outcome, Write};
@@ -23,7 +23,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// error when it is not transient, or when shutdown began while waiting (the run then
 /// stays `running` and the next start resumes it).
 pub(super) async fn commit(
-    engine: &Engine,
+    engine: &Services,
     run_id: &str,
     writes: Vec<Write>,
 ) -> Result<Vec<Outcome>, Error> {
@@ -62,7 +62,7 @@ pub(super) async fn commit(
 /// A read the driver cannot go on without (its run, its step records), tried again
 /// with backoff like [`commit`] when it fails for a transient reason.
 pub(super) async fn read<T>(
-    engine: &Engine,
+    engine: &Services,
     run_id: &str,
     f: impl Fn() -> Result<T, crate::store::Error>,
 ) -> Result<T, Error> {
@@ -88,7 +88,7 @@ pub(super) async fn read<T>(
 }
 
 /// Sleeps for `delay`; `false` if shutdown began first.
-async fn wait_unless_shutdown(engine: &Engine, delay: Duration) -> bool {
+async fn wait_unless_shutdown(engine: &Services, delay: Duration) -> bool {
     let mut signal = engine.shutdown_signal();
     if *signal.borrow() {
         return false;
@@ -102,7 +102,7 @@ async fn wait_unless_shutdown(engine: &Engine, delay: Duration) -> bool {
 /// Whether a run whose driver ended with `e` must be closed now: always, except for a
 /// run that does not exist and for a transient store failure the driver stopped
 /// waiting out because shutdown began (the next start resumes that run).
-pub(super) fn must_close(engine: &Engine, e: &Error) -> bool {
+pub(super) fn must_close(engine: &Services, e: &Error) -> bool {
     match e {
         Error::Store(s) => !(s.is_retriable() && engine.is_shutting_down()),
         Error::UnknownRun(_) => false,
@@ -113,7 +113,7 @@ pub(super) fn must_close(engine: &Engine, e: &Error) -> bool {
 /// Closes a run whose driver failed for good as `failed`, with the reason in the
 /// run and in `run_finished`, waiting for the store like [`commit`] does. The writes
 /// that failed are not retried; the run's earlier records stay as they were.
-pub(super) async fn close_failed(engine: &Engine, run_id: &str, cause: &Error) {
+pub(super) async fn close_failed(engine: &Services, run_id: &str, cause: &Error) {
     let now = engine.now_ms();
     let reason = format!("The run could not continue: {cause}");
     let pipeline = match engine.store.run(run_id) {

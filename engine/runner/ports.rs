@@ -156,26 +156,6 @@ impl ApprovalDesk {
 }
 
 impl Engine {
-    /// Installs the chat that human steps deliver `telegram` requests through. Set
-    /// once at start; later calls are ignored. Without one, such a request fails to
-    /// deliver (and stays decidable on the approvals page).
-    pub fn set_chat_channel(&self, chat: Arc<dyn ChatChannel>) {
-        let _ = self.chat.set(chat);
-    }
-
-    pub(crate) fn chat_channel(&self) -> Option<&Arc<dyn ChatChannel>> {
-        self.chat.get()
-    }
-
-    /// Every [`ApprovalChange`] from now on, in the order they were published.
-    pub fn approval_changes(&self) -> tokio::sync::mpsc::UnboundedReceiver<ApprovalChange> {
-        self.changes.subscribe()
-    }
-
-    pub(crate) fn publish(&self, change: ApprovalChange) {
-        self.changes.publish(change);
-    }
-
     /// The handle a chat front-end decides approvals through.
     pub fn approval_desk(self: &Arc<Self>) -> ApprovalDesk {
         ApprovalDesk {

@@ -24,7 +24,7 @@ fn may_park(rs: &RunState, step: &Step) -> bool {
         && step.loop_until.is_none()
         && step.retry.as_ref().is_none_or(|r| r.attempts <= 1)
         && rs.run.parent_run_id.is_none()
-        && rs.engine.parking_enabled()
+        && rs.services.parking_enabled()
 }
 
 /// The `running` record and `step_started` line a plain step commits before its
@@ -188,7 +188,8 @@ async fn attempts(
         // Built per attempt and handed over, so nothing holds it during the call.
         let ctx = context::to_template_value(rs.context(path, loop_vars.as_ref(), None, None));
         let result = call_once(CallSpec {
-            rs_engine: &rs.engine,
+            services: &rs.services,
+            children: &rs.children,
             pipeline: &rs.pipeline,
             run_id: &rs.run.id,
             path,
@@ -197,6 +198,7 @@ async fn attempts(
             action: &step.action,
             ctx,
             human,
+            facts: rs.facts(rec),
         })
         .await;
         let (msg, retriable) = match result {
@@ -363,13 +365,8 @@ pub(super) fn escalate_in_flight(rs: &RunState, i: usize, entry: &Entry) -> Unit
         iteration: 1,
     });
     // Keep the record's identity (first start, attempts) from before the crash.
-    if let Ok(Some(orig)) = rs
-        .engine
-        .store
-        .steps(rs.id())
-        .map(|s| s.into_iter().find(|r| r.step_path == path))
-    {
-        rec = orig;
+    if let Some(orig) = rs.interrupted.get(path) {
+        rec = orig.clone();
     }
     let summary = format!(
         "Step '{path}' escalated on resume (durable.on_interrupted=escalate): it was in flight when the process stopped and was not executed again"

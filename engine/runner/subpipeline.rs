@@ -10,12 +10,44 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::unit::CallFailure;
-use super::{Created, Engine, ParentLink, RunEnd};
+use super::{Created, Error, ParentLink, RunEnd, Services};
 use crate::domain::RunStatus;
+use crate::executor::BoxFuture;
 use crate::executor::{Call, Outcome};
 use crate::pipeline::ExecutorConfig;
+use crate::pipeline::Pipeline;
 use crate::run::context::Normalised;
 use crate::run::{StepOutput, Usage};
+
+/// What a sub-pipeline step needs of the engine and cannot get from its services:
+/// the child's pipeline, recording the child run, driving it and cancelling it.
+/// The engine implements it (in `runner/mod.rs`); a unit holds it beside its
+/// [`Services`], so no unit names the engine.
+pub(crate) trait ChildRuns: Send + Sync {
+    fn pipeline(&self, name: &str) -> Option<Arc<Pipeline>>;
+
+    /// Records the child run (see [`Engine::create_run`]).
+    fn create<'a>(
+        &'a self,
+        pipeline: &'a Pipeline,
+        trigger: &'a Normalised,
+        parent: ParentLink,
+    ) -> BoxFuture<'a, Result<Created, Error>>;
+
+    /// Drives a child just created, in its own task.
+    fn drive(self: Arc<Self>, run_id: String) -> tokio::task::JoinHandle<Result<RunEnd, Error>>;
+
+    /// Asks a child run to stop at its next step boundary.
+    fn cancel(self: Arc<Self>, run_id: &str);
+}
+
+/// What a sub-pipeline step works with: its unit's services and the child runs.
+pub(super) struct Parent<'a> {
+    pub services: &'a Arc<Services>,
+    pub children: &'a Arc<dyn ChildRuns>,
+    /// The parent run's trigger, which the child's starts from.
+    pub trigger: &'a Normalised,
+}
 
 fn fail(msg: impl Into<String>) -> CallFailure {
     CallFailure::Error(msg.into())
@@ -23,7 +55,7 @@ fn fail(msg: impl Into<String>) -> CallFailure {
 
 /// A store failure seen by the step: left for the next start when shutdown cut the
 /// wait short (the run stays `running` and is resumed), else the step's error.
-fn store_failure(engine: &Engine, e: impl std::fmt::Display) -> CallFailure {
+fn store_failure(engine: &Services, e: impl std::fmt::Display) -> CallFailure {
     if engine.is_shutting_down() {
         CallFailure::Drained
     } else {
@@ -34,7 +66,7 @@ fn store_failure(engine: &Engine, e: impl std::fmt::Display) -> CallFailure {
 /// Creates the child run, waiting out a store that cannot write (as the driver's
 /// own commits do): the failed batch wrote nothing, so trying again is safe.
 async fn create_child(
-    engine: &Arc<Engine>,
+    engine: &Parent<'_>,
     call: &Call<'_>,
     child: &crate::pipeline::Pipeline,
     trigger: &Normalised,
@@ -42,34 +74,27 @@ async fn create_child(
 ) -> Result<Created, CallFailure> {
     let mut delay = Duration::from_millis(100);
     loop {
-        match engine
-            .create_run(
-                child,
-                trigger,
-                &serde_json::json!({}),
-                Some(link.clone()),
-                None,
-            )
-            .await
-        {
+        match engine.children.create(child, trigger, link.clone()).await {
             Ok(created) => return Ok(created),
-            Err(super::Error::Store(e)) if e.is_retriable() && !engine.is_shutting_down() => {
+            Err(Error::Store(e)) if e.is_retriable() && !engine.services.is_shutting_down() => {
                 tracing::warn!(run_id = call.run_id, step = call.step_path, error = %e,
                     "The store cannot take the sub-pipeline's run; the step waits and tries again.");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
-            Err(e) => return Err(store_failure(engine, e)),
+            Err(e) => return Err(store_failure(engine.services, e)),
         }
     }
 }
 
-pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome, CallFailure> {
+pub(super) async fn run(parent: Parent<'_>, call: &Call<'_>) -> Result<Outcome, CallFailure> {
+    let engine = parent.services;
     let ExecutorConfig::Pipeline(cfg) = &call.action.config else {
         return Err(fail("executor_config.pipeline is missing"));
     };
     let name = cfg.pipeline.as_str();
-    let child = engine
+    let child = parent
+        .children
         .pipeline(name)
         .ok_or_else(|| fail(format!("Sub-pipeline '{name}' is not loaded")))?;
     let existing = super::persist::read(engine, call.run_id, || {
@@ -80,17 +105,11 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
     let child_id = match existing {
         // Started before a restart: the sweep resumes (or interrupts) it on its own.
         Some(r) if r.status == RunStatus::Running => {
-            bounded(call, &r.id, engine, wait_for(engine, &r.id)).await?
+            bounded(call, &r.id, &parent, wait_for(engine, &r.id)).await?
         }
         Some(r) => r.id,
         None => {
-            let parent =
-                super::persist::read(engine, call.run_id, || engine.store.run(call.run_id))
-                    .await
-                    .map_err(|e| store_failure(engine, e))?
-                    .ok_or_else(|| fail("parent run vanished"))?;
-            let mut trigger: Normalised =
-                serde_json::from_str(&parent.context_json).unwrap_or_default();
+            let mut trigger: Normalised = parent.trigger.clone();
             apply_context(&mut trigger, call);
             trigger.pipeline = Some(name.to_string());
             trigger.source = "sub-pipeline".into();
@@ -99,11 +118,11 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                 run_id: call.run_id.to_string(),
                 step_path: call.step_path.to_string(),
             };
-            let created = create_child(engine, call, &child, &trigger, link).await?;
+            let created = create_child(&parent, call, &child, &trigger, link).await?;
             let id = match created {
                 Created::Inserted(id) | Created::Duplicate { run_id: id, .. } => id,
             };
-            let handle = engine.spawn(id.clone(), super::DriveMode::New);
+            let handle = parent.children.clone().drive(id.clone());
             let driven = async {
                 match handle.await {
                     Ok(Ok(RunEnd::Finished(_))) => Ok(id.clone()),
@@ -114,7 +133,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
                     Err(e) => Err(fail(format!("sub-pipeline task ended abnormally: {e}"))),
                 }
             };
-            bounded(call, &id, engine, driven).await?
+            bounded(call, &id, &parent, driven).await?
         }
     };
     let run = super::persist::read(engine, call.run_id, || engine.store.run(&child_id))
@@ -151,7 +170,7 @@ pub(super) async fn run(engine: &Arc<Engine>, call: &Call<'_>) -> Result<Outcome
 async fn bounded(
     call: &Call<'_>,
     child_id: &str,
-    engine: &Arc<Engine>,
+    parent: &Parent<'_>,
     fut: impl std::future::Future<Output = Result<String, CallFailure>>,
 ) -> Result<String, CallFailure> {
     let Some(t) = call.timeout else {
@@ -160,7 +179,7 @@ async fn bounded(
     match tokio::time::timeout(t, fut).await {
         Ok(r) => r,
         Err(_) => {
-            engine.cancel(child_id);
+            parent.children.clone().cancel(child_id);
             Err(fail(format!(
                 "Step timed out after {}s; sub-pipeline run {child_id} was cancelled",
                 t.as_secs_f64()
@@ -170,7 +189,7 @@ async fn bounded(
 }
 
 /// Polls a child run driven elsewhere until it leaves `running`.
-async fn wait_for(engine: &Arc<Engine>, id: &str) -> Result<String, CallFailure> {
+async fn wait_for(engine: &Arc<Services>, id: &str) -> Result<String, CallFailure> {
     loop {
         if engine.is_shutting_down() {
             return Err(CallFailure::Drained);

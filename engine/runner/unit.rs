@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::{Engine, Error};
+use super::subpipeline::ChildRuns;
+use super::{Error, Services};
 use crate::domain::{StepKind, StepStatus};
 use crate::events::Event;
 use crate::pipeline::{Action, Entry, Pipeline};
@@ -47,7 +48,10 @@ pub(super) enum Start {
 }
 
 pub(super) struct RunState {
-    pub engine: Arc<Engine>,
+    /// What the run's units use (never the engine itself).
+    pub services: Arc<Services>,
+    /// How a sub-pipeline step starts and awaits its child run.
+    pub children: Arc<dyn ChildRuns>,
     pub run: RunRecord,
     pub pipeline: Arc<Pipeline>,
     pub trigger: Arc<Normalised>,
@@ -66,6 +70,9 @@ pub(super) struct RunState {
     /// A new run's first step, already recorded as started with the run itself
     /// (see `Engine::create_run`); taken by `step::run`.
     pub opened: Option<StepRecord>,
+    /// The records of units left in flight or waiting, from the resume plan, by
+    /// step path: a unit taking one over keeps its identity without a read.
+    pub interrupted: std::collections::HashMap<String, StepRecord>,
 }
 
 impl RunState {
@@ -73,8 +80,18 @@ impl RunState {
         &self.run.id
     }
 
+    /// The facts a call of this run's unit `record` carries (see [`UnitFacts`]).
+    pub fn facts<'a>(&'a self, record: &'a StepRecord) -> UnitFacts<'a> {
+        UnitFacts {
+            record,
+            team: self.run.team.as_deref(),
+            stage: &self.run.stage,
+            trigger: &self.trigger,
+        }
+    }
+
     pub fn now(&self) -> i64 {
-        self.engine.now_ms()
+        self.services.now_ms()
     }
 
     /// A run-log event of this run, stamped now.
@@ -88,7 +105,7 @@ impl RunState {
         let mut all = std::mem::take(&mut self.deferred);
         all.extend(writes);
         if !all.is_empty() {
-            super::persist::commit(&self.engine, &self.run.id, all).await?;
+            super::persist::commit(&self.services, &self.run.id, all).await?;
         }
         Ok(())
     }
@@ -161,7 +178,8 @@ pub(super) struct HumanMode {
 
 /// Everything needed to call an executor once, owned so branches can run in tasks.
 pub(super) struct CallSpec<'a> {
-    pub rs_engine: &'a std::sync::Arc<super::Engine>,
+    pub services: &'a Arc<Services>,
+    pub children: &'a Arc<dyn ChildRuns>,
     pub pipeline: &'a crate::pipeline::Pipeline,
     pub run_id: &'a str,
     pub path: &'a str,
@@ -172,6 +190,19 @@ pub(super) struct CallSpec<'a> {
     /// long wait (a human approval) must not keep its whole context alive.
     pub ctx: minijinja::Value,
     pub human: HumanMode,
+    pub facts: UnitFacts<'a>,
+}
+
+/// What the runner's own executors (`human`, `pipeline`) need to know of the unit
+/// and its run, handed down so that they never read the run back from the store.
+#[derive(Clone, Copy)]
+pub(super) struct UnitFacts<'a> {
+    /// The unit's `running` record as committed (a human step turns it `waiting`).
+    pub record: &'a StepRecord,
+    pub team: Option<&'a str>,
+    pub stage: &'a str,
+    /// The run's trigger (a sub-pipeline's child starts from it).
+    pub trigger: &'a Normalised,
 }
 
 /// The kind recorded for an entry's step record.

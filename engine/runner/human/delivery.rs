@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::super::{ApprovalChange, ApprovalDelivery, Engine};
+use super::super::{ApprovalChange, ApprovalDelivery, Services};
 use crate::config::Config;
 use crate::domain::{ApprovalStatus, Channel, SendResult};
 use crate::store::{ApprovalRecord, Write};
@@ -91,7 +91,7 @@ pub fn undelivered(a: &ApprovalRecord) -> bool {
 }
 
 /// Delivers `a` on a background task.
-pub fn spawn(engine: &Arc<Engine>, a: ApprovalRecord) {
+pub fn spawn(engine: &Arc<Services>, a: ApprovalRecord) {
     let route = route(&engine.config, a.team.as_deref());
     if route == Route::Page {
         return;
@@ -104,7 +104,7 @@ pub fn spawn(engine: &Arc<Engine>, a: ApprovalRecord) {
 }
 
 async fn deliver(
-    engine: Arc<Engine>,
+    engine: Arc<Services>,
     a: ApprovalRecord,
     route: Route,
     signal: Arc<tokio::sync::Notify>,
@@ -142,7 +142,7 @@ async fn deliver(
     }
 }
 
-fn still_pending(engine: &Engine, token: &str) -> bool {
+fn still_pending(engine: &Services, token: &str) -> bool {
     match engine.store.approval(token) {
         Ok(Some(a)) => a.status == ApprovalStatus::Pending,
         Ok(None) => false,
@@ -152,7 +152,7 @@ fn still_pending(engine: &Engine, token: &str) -> bool {
 }
 
 async fn send(
-    engine: &Engine,
+    engine: &Services,
     a: &ApprovalRecord,
     route: &Route,
 ) -> Result<ApprovalDelivery, String> {
@@ -205,7 +205,7 @@ pub fn page_url(config: &Config, token: &str) -> String {
     )
 }
 
-async fn record(engine: &Engine, a: &ApprovalRecord, delivery: ApprovalDelivery) {
+async fn record(engine: &Services, a: &ApprovalRecord, delivery: ApprovalDelivery) {
     let write = Write::SetApprovalDelivery {
         token: a.token.clone(),
         delivery_json: delivery.to_json(),

@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 use rand::RngCore;
 
-use super::unit::{CallFailure, HumanMode};
-use super::{ApprovalChange, Engine};
-use crate::domain::{ApprovalStatus, StepKind, StepStatus};
+use super::unit::{CallFailure, HumanMode, UnitFacts};
+use super::{ApprovalChange, Services};
+use crate::domain::{ApprovalStatus, StepStatus};
 use crate::events::Event;
 use crate::executor::{BoxFuture, Call, Outcome};
 use crate::store::{ApprovalRecord, Write};
@@ -46,12 +46,13 @@ fn fail(msg: impl Into<String>) -> CallFailure {
 /// Boxed, and so is the request, so that a step waiting in its task costs its
 /// caller a pointer and the wait only its small state.
 pub(super) fn run<'a>(
-    engine: &'a Arc<Engine>,
+    engine: &'a Arc<Services>,
     call: &'a Call<'a>,
     mode: HumanMode,
+    facts: UnitFacts<'a>,
 ) -> BoxFuture<'a, Result<Outcome, CallFailure>> {
     Box::pin(async move {
-        let waiting = Box::pin(request(engine, call, mode.unparked)).await?;
+        let waiting = Box::pin(request(engine, call, mode.unparked, &facts)).await?;
         if mode.may_park && wait::park(engine, call, &waiting)? {
             return Err(CallFailure::Parked);
         }
@@ -63,9 +64,10 @@ pub(super) fn run<'a>(
 /// picking it up again when the run was `unparked`) or creates and commits a new
 /// one, and starts its delivery.
 async fn request(
-    engine: &Arc<Engine>,
+    engine: &Arc<Services>,
     call: &Call<'_>,
     unparked: bool,
+    facts: &UnitFacts<'_>,
 ) -> Result<Waiting, CallFailure> {
     let now = engine.now_ms();
     // The newest row of this step is the one an interrupted wait was waiting on,
@@ -80,8 +82,8 @@ async fn request(
     match existing {
         // The same process parked this wait: nothing to log, nothing owed.
         Some(a) if unparked => Ok(Waiting::of(&a)),
-        Some(a) => rearm(engine, call, a, now).await,
-        None => create(engine, call, now).await,
+        Some(a) => rearm(engine, call, a, facts, now).await,
+        None => create(engine, call, facts, now).await,
     }
 }
 
@@ -89,9 +91,10 @@ async fn request(
 /// keeps as little as it can: the row is reduced to its wait state before the
 /// commit, and kept whole only when its message is still owed.
 async fn rearm(
-    engine: &Arc<Engine>,
+    engine: &Arc<Services>,
     call: &Call<'_>,
     a: ApprovalRecord,
+    facts: &UnitFacts<'_>,
     now: i64,
 ) -> Result<Waiting, CallFailure> {
     let msg = if a.status == ApprovalStatus::Pending {
@@ -115,7 +118,7 @@ async fn rearm(
     let w = Waiting::of(&a);
     // The previous process chose a channel but never confirmed a send.
     let owed = delivery::undelivered(&a).then_some(a);
-    let writes = vec![waiting(engine, call, now), ev];
+    let writes = vec![waiting(facts), ev];
     crate::runner::persist::commit(engine, call.run_id, writes)
         .await
         .map_err(|e| fail(e.to_string()))?;
@@ -126,13 +129,13 @@ async fn rearm(
     Ok(w)
 }
 
-async fn create(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Result<Waiting, CallFailure> {
-    let (team, stage) = engine
-        .store
-        .run(call.run_id)
-        .map_err(|e| fail(e.to_string()))?
-        .map(|r| (r.team, r.stage))
-        .ok_or_else(|| fail("run vanished"))?;
+async fn create(
+    engine: &Arc<Services>,
+    call: &Call<'_>,
+    facts: &UnitFacts<'_>,
+    now: i64,
+) -> Result<Waiting, CallFailure> {
+    let (team, stage) = (facts.team.map(str::to_string), facts.stage.to_string());
     let timeout_ms = (call.action.timeout_seconds.unwrap_or(300.0) * 1000.0) as i64;
     let production = stage != "testing";
     // The channel is chosen (and stored) with the request, so a restart before the
@@ -169,11 +172,7 @@ async fn create(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Result<Waiti
     crate::runner::persist::commit(
         engine,
         call.run_id,
-        vec![
-            Write::InsertApproval(a.clone()),
-            waiting(engine, call, now),
-            ev,
-        ],
+        vec![Write::InsertApproval(a.clone()), waiting(facts), ev],
     )
     .await
     .map_err(|e| fail(e.to_string()))?;
@@ -190,29 +189,14 @@ async fn create(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Result<Waiti
     Ok(w)
 }
 
-/// The step record's `waiting` state, keeping its identity fields.
-fn waiting(engine: &Arc<Engine>, call: &Call<'_>, now: i64) -> Write {
-    let mut rec = engine
-        .store
-        .steps(call.run_id)
-        .ok()
-        .and_then(|s| s.into_iter().find(|r| r.step_path == call.step_path))
-        .unwrap_or_else(|| {
-            super::records::running(super::records::NewRecord {
-                run_id: call.run_id,
-                path: call.step_path,
-                index: 0,
-                kind: StepKind::Step,
-                action: Some(call.action),
-                started_at: now,
-                attempt: call.attempt,
-                iteration: 1,
-            })
-        });
+/// The step record's `waiting` state: the unit's `running` record as committed,
+/// keeping its identity fields.
+fn waiting(facts: &UnitFacts<'_>) -> Write {
+    let mut rec = facts.record.clone();
     rec.status = StepStatus::Waiting;
     Write::UpsertStep(rec)
 }
 
-fn used(engine: &Engine, token: &str) -> bool {
+fn used(engine: &Services, token: &str) -> bool {
     engine.signals.is_used(token)
 }

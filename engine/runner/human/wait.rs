@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::super::unit::CallFailure;
-use super::super::Engine;
+use super::super::Services;
 use super::fail;
 use crate::domain::ApprovalStatus;
 use crate::events::Event;
@@ -27,7 +27,7 @@ use crate::store::{ApprovalRecord, Write};
 /// waiters and stretches to 60 s as they grow to thousands.
 const REREADS_PER_SECOND: usize = 200;
 
-fn safety_net(engine: &Engine) -> Duration {
+fn safety_net(engine: &Services) -> Duration {
     let waiters = engine.signals.approval_waiters();
     Duration::from_secs((waiters / REREADS_PER_SECOND).clamp(5, 60) as u64)
 }
@@ -55,7 +55,7 @@ impl Waiting {
 /// `Ok(true)`: parked, the caller must return at once without writing anything;
 /// `Ok(false)`: this task owns the run and waits (or acts) itself.
 pub(super) fn park(
-    engine: &Arc<Engine>,
+    engine: &Arc<Services>,
     call: &Call<'_>,
     w: &Waiting,
 ) -> Result<bool, CallFailure> {
@@ -83,7 +83,7 @@ pub(super) fn park(
 /// Waits for the outcome; an outcome (not a drain) marks the approval as used, so
 /// a retry or the next loop iteration of the step asks again.
 pub(super) async fn wait(
-    engine: &Arc<Engine>,
+    engine: &Arc<Services>,
     call: &Call<'_>,
     w: Waiting,
 ) -> Result<Outcome, CallFailure> {
@@ -97,7 +97,10 @@ pub(super) async fn wait(
 }
 
 /// The step's outcome if the approval is no longer pending, `None` while it is.
-fn read(engine: &Engine, w: &Waiting) -> Result<Option<Result<Outcome, CallFailure>>, CallFailure> {
+fn read(
+    engine: &Services,
+    w: &Waiting,
+) -> Result<Option<Result<Outcome, CallFailure>>, CallFailure> {
     let current = engine
         .store
         .approval(&w.token)
@@ -114,7 +117,7 @@ fn read(engine: &Engine, w: &Waiting) -> Result<Option<Result<Outcome, CallFailu
 }
 
 async fn outcome(
-    engine: &Arc<Engine>,
+    engine: &Arc<Services>,
     call: &Call<'_>,
     w: &Waiting,
 ) -> Result<Outcome, CallFailure> {
@@ -154,7 +157,7 @@ async fn outcome(
 /// Records the deadline's decision: `timeout` in production, auto-approval in
 /// testing. `None` when a decision was recorded first.
 async fn deadline(
-    engine: &Arc<Engine>,
+    engine: &Arc<Services>,
     call: &Call<'_>,
     w: &Waiting,
     now: i64,
