@@ -107,7 +107,7 @@ fn the_runner_never_imports_telegram() {
 
 /// The files that run a unit. They work with `Services` (store, executors, clock,
 /// config, HTTP client, approval signals) and reach the engine only through
-/// `subpipeline::ChildRuns`; only the driver files (`mod`, `drive`, `sweep`, `park`,
+/// `unit::ChildRuns`; only the driver files (`mod`, `drive`, `sweep`, `park`,
 /// `ports`, `schedule`, `retention`) hold the `Engine`.
 const UNIT_FILES: &[&str] = &[
     "branch.rs",

@@ -19,7 +19,7 @@ use crate::store::Write;
 /// One branch to execute, owning what it needs so it can run as its own task.
 pub(super) struct BranchJob {
     pub(super) services: Arc<Services>,
-    pub(super) children: Arc<dyn super::subpipeline::ChildRuns>,
+    pub(super) children: Arc<dyn super::unit::ChildRuns>,
     pub(super) team: Option<String>,
     pub(super) stage: String,
     pub(super) trigger: Arc<crate::run::context::Normalised>,

@@ -19,12 +19,53 @@ use crate::run::settle::{self, Boundary, Settle};
 use crate::run::{StepOutput, Usage};
 use crate::store::Write;
 
+/// Drives `run_id` from its records to its end, a drain or a park: opens it, then
+/// for each entry checks the boundary, performs the unit's plan and settles it.
 pub(super) async fn drive(
     engine: Arc<Engine>,
     run_id: String,
     mode: DriveMode,
     wave: Option<super::sweep::WaveTicket>,
 ) -> Result<RunEnd, Error> {
+    let (mut rs, plan) = match open(&engine, &run_id, mode, wave).await? {
+        Opened::Ready(rs, plan) => (*rs, plan),
+        Opened::Ended(end) => return Ok(end),
+    };
+    if mode == DriveMode::Resume {
+        announce_resume(&mut rs, &plan).await?;
+    }
+    let pipeline = rs.pipeline.clone();
+    for (i, entry) in pipeline.steps.iter().enumerate() {
+        if let Some(end) = at_boundary(&mut rs, i, entry).await? {
+            return Ok(end);
+        }
+        let unit_plan = plan.units.get(i).cloned().unwrap_or(UnitPlan::NotStarted);
+        let outcome = match perform(&mut rs, i, entry, unit_plan).await? {
+            Performed::Next => continue,
+            Performed::End(end) => return Ok(end),
+            Performed::Unit(outcome) => outcome,
+        };
+        if let Some(end) = after_unit(&mut rs, entry, outcome).await? {
+            return Ok(end);
+        }
+    }
+    finish(&mut rs, RunStatus::Completed, None, None, Vec::new()).await
+}
+
+/// A run opened for driving, or how it already ended.
+enum Opened {
+    Ready(Box<RunState>, plan::ResumePlan),
+    Ended(RunEnd),
+}
+
+/// Reads (or, for a run this process just created, takes) the run and plans it.
+async fn open(
+    engine: &Arc<Engine>,
+    run_id: &str,
+    mode: DriveMode,
+    wave: Option<super::sweep::WaveTicket>,
+) -> Result<Opened, Error> {
+    let run_id = run_id.to_string();
     let resume = mode != DriveMode::New;
     // A run just created by this process starts from what was recorded; anything
     // else (a resume, or a run created by another process) is read back.
@@ -36,11 +77,11 @@ pub(super) async fn drive(
     let (mut run, trigger, opened) = match fresh {
         Some(f) => (f.run, f.trigger, f.opened),
         None => {
-            let run = super::persist::read(&engine, &run_id, || engine.store.run(&run_id))
+            let run = super::persist::read(engine, &run_id, || engine.store.run(&run_id))
                 .await?
                 .ok_or_else(|| Error::UnknownRun(run_id.clone()))?;
             if run.status != RunStatus::Running {
-                return Ok(RunEnd::Finished(run.status));
+                return Ok(Opened::Ended(RunEnd::Finished(run.status)));
             }
             let trigger: Normalised =
                 serde_json::from_str(&run.context_json).map_err(|e| Error::CorruptRun {
@@ -55,7 +96,7 @@ pub(super) async fn drive(
     };
     // A run driven for the first time has no step records yet.
     let stored = if resume {
-        super::persist::read(&engine, &run_id, || engine.store.steps(&run_id)).await?
+        super::persist::read(engine, &run_id, || engine.store.steps(&run_id)).await?
     } else {
         Vec::new()
     };
@@ -77,7 +118,7 @@ pub(super) async fn drive(
     };
     run.context_json = String::new();
     run.payload_json = String::new();
-    let mut rs = RunState {
+    let rs = RunState {
         services: engine.services().clone(),
         children: engine.clone(),
         usage: plan.usage,
@@ -92,121 +133,149 @@ pub(super) async fn drive(
         opened,
         interrupted,
     };
-    if mode == DriveMode::Resume {
-        announce_resume(&mut rs, &plan).await?;
+    Ok(Opened::Ready(Box::new(rs), plan))
+}
+
+/// A cancel or a drain before entry `i` ends the drive here (see `run::settle`).
+async fn at_boundary(rs: &mut RunState, i: usize, entry: &Entry) -> Result<Option<RunEnd>, Error> {
+    // A step recorded as started is in flight: a cancel or a drain takes effect
+    // at the boundary after it, as for any other step already running.
+    let in_flight = i == 0 && rs.opened.is_some();
+    let boundary = settle::before_unit(
+        rs.services.is_cancelled(rs.id()),
+        rs.services.is_shutting_down(),
+        in_flight,
+    );
+    if boundary == Boundary::Cancel {
+        let w = vec![rs.ev(
+            Event::RunCancelledAtBoundary {
+                before_step: entry.name().to_string(),
+                by: rs.services.cancelled_by(rs.id()),
+            },
+            "Run cancelled at a step boundary.",
+        )];
+        return finish(
+            rs,
+            RunStatus::Cancelled,
+            None,
+            Some(RunStatus::Cancelled.to_string()),
+            w,
+        )
+        .await
+        .map(Some);
     }
-    for (i, entry) in pipeline.steps.iter().enumerate() {
-        // A step recorded as started is in flight: a cancel or a drain takes effect
-        // at the boundary after it, as for any other step already running.
-        let in_flight = i == 0 && rs.opened.is_some();
-        let boundary = settle::before_unit(
-            engine.is_cancelled(rs.id()),
-            engine.is_shutting_down(),
-            in_flight,
-        );
-        if boundary == Boundary::Cancel {
-            let w = vec![rs.ev(
-                Event::RunCancelledAtBoundary {
-                    before_step: entry.name().to_string(),
-                    by: engine.cancelled_by(rs.id()),
-                },
-                "Run cancelled at a step boundary.",
-            )];
-            return finish(
-                &mut rs,
-                RunStatus::Cancelled,
-                None,
-                Some(RunStatus::Cancelled.to_string()),
-                w,
-            )
-            .await;
+    if boundary == Boundary::Drain {
+        rs.flush().await?;
+        tracing::info!(run_id = %rs.id(), step = %entry.name(), "Shutdown: run left at a step boundary, resumes on next start.");
+        return Ok(Some(RunEnd::Drained));
+    }
+    Ok(None)
+}
+
+/// What performing one entry's plan came to.
+enum Performed {
+    /// Kept or skipped: on to the next entry.
+    Next,
+    /// The entry closed the run (a terminal unit left unclosed by a crash).
+    End(RunEnd),
+    Unit(UnitOutcome),
+}
+
+async fn perform(
+    rs: &mut RunState,
+    i: usize,
+    entry: &Entry,
+    unit_plan: UnitPlan,
+) -> Result<Performed, Error> {
+    if !matches!(unit_plan, UnitPlan::Kept { .. }) && !super::step::parks(rs, entry) {
+        // This unit may run for long: the resume wave need not wait for it.
+        rs.wave = None;
+    }
+    let outcome = match unit_plan {
+        UnitPlan::Kept { output, .. } => {
+            if let Some(o) = output {
+                register(rs, entry, &o);
+            }
+            return Ok(Performed::Next);
         }
-        if boundary == Boundary::Drain {
+        UnitPlan::Terminal {
+            status,
+            output,
+            reason,
+        } => {
+            return close_terminal(rs, entry, status, output, reason)
+                .await
+                .map(Performed::End);
+        }
+        UnitPlan::NotStarted => {
+            // An opened step has no `when` (create_run checks), so it passes.
+            match when_passes(rs, entry) {
+                Ok(true) => {}
+                Ok(false) => {
+                    skip(rs, i, entry, None).await?;
+                    return Ok(Performed::Next);
+                }
+                Err(e) => {
+                    skip(rs, i, entry, Some(e)).await?;
+                    return Ok(Performed::Next);
+                }
+            }
+            run_unit(rs, i, entry, Start::Fresh, None).await?
+        }
+        UnitPlan::InFlight(InFlight::Rerun { attempt }) => {
+            run_unit(rs, i, entry, Start::Rerun { attempt }, None).await?
+        }
+        UnitPlan::InFlight(InFlight::Escalate) => {
+            UnitOutcome::Done(Box::new(super::step::escalate_in_flight(rs, i, entry)))
+        }
+        UnitPlan::Waiting => run_unit(rs, i, entry, Start::Rearm, None).await?,
+        UnitPlan::Group { branches, items } => {
+            run_unit(rs, i, entry, Start::Fresh, Some((branches, items))).await?
+        }
+    };
+    Ok(Performed::Unit(outcome))
+}
+
+/// Settles a unit's outcome: drained, parked, cancelled during it, or committed as
+/// `run::settle` decides. `Some` when the drive ends here.
+async fn after_unit(
+    rs: &mut RunState,
+    entry: &Entry,
+    outcome: UnitOutcome,
+) -> Result<Option<RunEnd>, Error> {
+    let result = match outcome {
+        UnitOutcome::Done(r) => r,
+        UnitOutcome::Drained => {
             rs.flush().await?;
-            tracing::info!(run_id = %rs.id(), step = %entry.name(), "Shutdown: run left at a step boundary, resumes on next start.");
-            return Ok(RunEnd::Drained);
+            return Ok(Some(RunEnd::Drained));
         }
-        let unit_plan = plan.units.get(i).cloned().unwrap_or(UnitPlan::NotStarted);
-        if !matches!(unit_plan, UnitPlan::Kept { .. }) && !super::step::parks(&rs, entry) {
-            // This unit may run for long: the resume wave need not wait for it.
-            rs.wave = None;
-        }
-        let outcome = match unit_plan {
-            UnitPlan::Kept { output, .. } => {
-                if let Some(o) = output {
-                    register(&mut rs, entry, &o);
-                }
-                continue;
-            }
-            UnitPlan::Terminal {
-                status,
-                output,
-                reason,
-            } => {
-                return close_terminal(&mut rs, entry, status, output, reason).await;
-            }
-            UnitPlan::NotStarted => {
-                // An opened step has no `when` (create_run checks), so it passes.
-                match when_passes(&rs, entry) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        skip(&mut rs, i, entry, None).await?;
-                        continue;
-                    }
-                    Err(e) => {
-                        skip(&mut rs, i, entry, Some(e)).await?;
-                        continue;
-                    }
-                }
-                run_unit(&mut rs, i, entry, Start::Fresh, None).await?
-            }
-            UnitPlan::InFlight(InFlight::Rerun { attempt }) => {
-                run_unit(&mut rs, i, entry, Start::Rerun { attempt }, None).await?
-            }
-            UnitPlan::InFlight(InFlight::Escalate) => {
-                UnitOutcome::Done(Box::new(super::step::escalate_in_flight(&rs, i, entry)))
-            }
-            UnitPlan::Waiting => run_unit(&mut rs, i, entry, Start::Rearm, None).await?,
-            UnitPlan::Group { branches, items } => {
-                run_unit(&mut rs, i, entry, Start::Fresh, Some((branches, items))).await?
-            }
-        };
-        let result = match outcome {
-            UnitOutcome::Done(r) => r,
-            UnitOutcome::Drained => {
-                rs.flush().await?;
-                return Ok(RunEnd::Drained);
-            }
-            // Another driver may already own the run: nothing more is written here.
-            UnitOutcome::Parked => return Ok(RunEnd::Parked),
-        };
-        if settle::after_unit(engine.is_cancelled(rs.id())) == Boundary::Cancel {
-            // The unit's record is kept as it ended; nothing after it runs.
-            let mut w = vec![Write::UpsertStep(result.record)];
-            w.extend(result.events);
-            w.push(rs.ev(
-                Event::RunCancelledDuringStep {
-                    step: entry.name().to_string(),
-                    by: engine.cancelled_by(rs.id()),
-                },
-                format!("Run cancelled during {}", entry.name()),
-            ));
-            return finish(
-                &mut rs,
-                RunStatus::Cancelled,
-                Some(entry.name()),
-                Some(RunStatus::Cancelled.to_string()),
-                w,
-            )
-            .await;
-        }
-        // Boxed: inline, `settle` (escalations, notifications) would size every
-        // run's driver, including the thousands parked on human approvals.
-        if let Some(end) = Box::pin(settle(&mut rs, entry, *result)).await? {
-            return Ok(end);
-        }
+        // Another driver may already own the run: nothing more is written here.
+        UnitOutcome::Parked => return Ok(Some(RunEnd::Parked)),
+    };
+    if settle::after_unit(rs.services.is_cancelled(rs.id())) == Boundary::Cancel {
+        // The unit's record is kept as it ended; nothing after it runs.
+        let mut w = vec![Write::UpsertStep(result.record)];
+        w.extend(result.events);
+        w.push(rs.ev(
+            Event::RunCancelledDuringStep {
+                step: entry.name().to_string(),
+                by: rs.services.cancelled_by(rs.id()),
+            },
+            format!("Run cancelled during {}", entry.name()),
+        ));
+        return finish(
+            rs,
+            RunStatus::Cancelled,
+            Some(entry.name()),
+            Some(RunStatus::Cancelled.to_string()),
+            w,
+        )
+        .await
+        .map(Some);
     }
-    finish(&mut rs, RunStatus::Completed, None, None, Vec::new()).await
+    // Boxed: inline, `settle` (escalations, notifications) would size every
+    // run's driver, including the thousands parked on human approvals.
+    Box::pin(settle(rs, entry, *result)).await
 }
 
 type GroupPlan = (Vec<plan::BranchPlan>, Option<Vec<Value>>);

@@ -604,8 +604,8 @@ impl Engine {
     }
 }
 
-/// How sub-pipeline steps reach this engine (see `subpipeline::ChildRuns`).
-impl subpipeline::ChildRuns for Engine {
+/// How sub-pipeline steps reach this engine (see `unit::ChildRuns`).
+impl unit::ChildRuns for Engine {
     fn pipeline(&self, name: &str) -> Option<Arc<Pipeline>> {
         Engine::pipeline(self, name)
     }

@@ -3,7 +3,7 @@
 //! wake-ups, parked waits, approval changes). Units get an `Arc<Services>`, never
 //! the [`Engine`](super::Engine): starting, driving and admitting runs stays with
 //! the engine, and the one thing a unit needs of it (a sub-pipeline's child run)
-//! goes through the small [`ChildRuns`](super::subpipeline::ChildRuns) trait.
+//! goes through the small [`ChildRuns`](super::unit::ChildRuns) trait.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

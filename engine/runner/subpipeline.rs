@@ -9,37 +9,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::unit::CallFailure;
+use super::unit::{CallFailure, ChildRuns};
 use super::{Created, Error, ParentLink, RunEnd, Services};
 use crate::domain::RunStatus;
-use crate::executor::BoxFuture;
 use crate::executor::{Call, Outcome};
 use crate::pipeline::ExecutorConfig;
-use crate::pipeline::Pipeline;
 use crate::run::context::Normalised;
 use crate::run::{StepOutput, Usage};
-
-/// What a sub-pipeline step needs of the engine and cannot get from its services:
-/// the child's pipeline, recording the child run, driving it and cancelling it.
-/// The engine implements it (in `runner/mod.rs`); a unit holds it beside its
-/// [`Services`], so no unit names the engine.
-pub(crate) trait ChildRuns: Send + Sync {
-    fn pipeline(&self, name: &str) -> Option<Arc<Pipeline>>;
-
-    /// Records the child run (see [`Engine::create_run`]).
-    fn create<'a>(
-        &'a self,
-        pipeline: &'a Pipeline,
-        trigger: &'a Normalised,
-        parent: ParentLink,
-    ) -> BoxFuture<'a, Result<Created, Error>>;
-
-    /// Drives a child just created, in its own task.
-    fn drive(self: Arc<Self>, run_id: String) -> tokio::task::JoinHandle<Result<RunEnd, Error>>;
-
-    /// Asks a child run to stop at its next step boundary.
-    fn cancel(self: Arc<Self>, run_id: &str);
-}
 
 /// What a sub-pipeline step works with: its unit's services and the child runs.
 pub(super) struct Parent<'a> {

@@ -9,10 +9,10 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use super::subpipeline::ChildRuns;
-use super::{Error, Services};
+use super::{Created, Error, ParentLink, RunEnd, Services};
 use crate::domain::{StepKind, StepStatus};
 use crate::events::Event;
+use crate::executor::BoxFuture;
 use crate::pipeline::{Action, Entry, Pipeline};
 use crate::run::context::{self, ContextInput, ItemVars, LoopVars, Normalised, Outputs};
 use crate::run::{StepOutput, Usage};
@@ -212,4 +212,26 @@ pub(super) fn kind_of(entry: &Entry) -> StepKind {
         Entry::Parallel(_) => StepKind::Parallel,
         Entry::FanOut(_) => StepKind::FanOut,
     }
+}
+
+/// What a sub-pipeline step needs of the engine and cannot get from its services:
+/// the child's pipeline, recording the child run, driving it and cancelling it.
+/// The engine implements it (in `runner/mod.rs`); a unit holds it beside its
+/// [`Services`], so no unit names the engine. Used by `subpipeline`.
+pub(crate) trait ChildRuns: Send + Sync {
+    fn pipeline(&self, name: &str) -> Option<Arc<Pipeline>>;
+
+    /// Records the child run (see `Engine::create_run`).
+    fn create<'a>(
+        &'a self,
+        pipeline: &'a Pipeline,
+        trigger: &'a Normalised,
+        parent: ParentLink,
+    ) -> BoxFuture<'a, Result<Created, Error>>;
+
+    /// Drives a child just created, in its own task.
+    fn drive(self: Arc<Self>, run_id: String) -> tokio::task::JoinHandle<Result<RunEnd, Error>>;
+
+    /// Asks a child run to stop at its next step boundary.
+    fn cancel(self: Arc<Self>, run_id: &str);
 }
