@@ -1,7 +1,8 @@
 //! The run state machine's pure parts: the output contract, flow decisions (gates,
 //! joins, budgets, fan-out lists), how a unit settles the run and what a boundary
 //! does (`settle`), what follows an attempt (`attempt`), how a group joins
-//! (`join`), the template context and the resume planner.
+//! (`join`), what an agent's model reply leads to (`turns`), the template context
+//! and the resume planner.
 //! Nothing here does I/O, and nothing is `async`: `runner` performs what these
 //! functions decide (`tests::nothing_here_is_async` checks it).
 
@@ -12,6 +13,7 @@ pub mod join;
 pub mod output;
 pub mod plan;
 pub mod settle;
+pub mod turns;
 
 pub use output::{OutputError, StepOutput, Usage};
 
