@@ -41,7 +41,7 @@ pub struct CallCheck {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reply {
     /// An answer without tool calls, checked against the step output contract.
-    Answer(Result<StepOutput, String>),
+    Answer(Result<Box<StepOutput>, String>),
     /// One or more tool calls (several in one reply are allowed).
     Calls(Vec<CallCheck>),
 }
@@ -50,7 +50,7 @@ pub enum Reply {
 #[derive(Debug, Clone, PartialEq)]
 pub enum AfterReply {
     /// The step's output.
-    Answer(StepOutput),
+    Answer(Box<StepOutput>),
     /// The answer breaks the contract and turns are left: one more turn, whose
     /// user message is this text.
     AskForContract(String),
@@ -141,8 +141,8 @@ pub fn after_decision(decision: &Decision, tool: &str) -> CallStep {
 mod tests {
     use super::*;
 
-    fn ok() -> Result<StepOutput, String> {
-        Ok(StepOutput::new(0.9, "done"))
+    fn ok() -> Result<Box<StepOutput>, String> {
+        Ok(Box::new(StepOutput::new(0.9, "done")))
     }
 
     fn call(known: bool, valid: bool, approval: bool) -> CallCheck {
