@@ -352,6 +352,51 @@ catalogue! {
         token: String,
         auto_approved: bool,
     }
+    /// An agent turn's reply was recorded (before any of its tool calls ran).
+    AgentTurnCompleted = "agent_turn_completed" [Info] {
+        step: String,
+        turn: u32,
+        tool_calls: u32,
+        input_tokens: u64,
+        output_tokens: u64,
+    }
+    /// A resumed agent step reused its recorded turns instead of asking the model.
+    AgentTurnReused = "agent_turn_reused" [Info] {
+        step: String,
+        turns: u32,
+    }
+    /// A tool call was recorded as started, just before it runs.
+    ToolCallStarted = "tool_call_started" [Info] {
+        step: String,
+        turn: u32,
+        call_index: u32,
+        tool: String,
+        effect_key: String,
+        attempt: u32,
+    }
+    /// A tool call returned its result.
+    ToolCallCompleted = "tool_call_completed" [Info] {
+        step: String,
+        turn: u32,
+        call_index: u32,
+        tool: String,
+        duration_ms: u64,
+    }
+    /// A tool call failed or was refused; the error went back to the model.
+    ToolCallFailed = "tool_call_failed" [Warn] {
+        step: String,
+        turn: u32,
+        call_index: u32,
+        tool: String,
+        error: String,
+    }
+    /// A resumed agent step reused a tool call's recorded result.
+    ToolCallReused = "tool_call_reused" [Info] {
+        step: String,
+        turn: u32,
+        call_index: u32,
+        tool: String,
+    }
     /// A notification was delivered.
     NotificationSent = "notification_sent" [Info] {
         action: String,
