@@ -247,6 +247,65 @@ words! {
     }
 }
 
+words! {
+    /// An agent turn's status in the step journal: `started` is recorded before the
+    /// model is called, `completed` with its reply and usage before any tool of that
+    /// reply runs. A completed turn is never requested again.
+    TurnStatus, "turn status" {
+        Started = "started",
+        Completed = "completed",
+        Failed = "failed",
+    }
+}
+
+words! {
+    /// A tool call's status in the step journal. `waiting` is parked for a human;
+    /// `rejected` and `timed_out` are decisions returned to the model as the tool's
+    /// result; `escalated` is a write call in flight at a crash under
+    /// `on_interrupted: escalate`.
+    ToolCallStatus, "tool call status" {
+        Started = "started",
+        Completed = "completed",
+        Failed = "failed",
+        Waiting = "waiting",
+        Rejected = "rejected",
+        TimedOut = "timed_out",
+        Escalated = "escalated",
+    }
+}
+
+impl ToolCallStatus {
+    /// Whether the call has its result for the model (it is never run again).
+    pub fn is_settled(self) -> bool {
+        matches!(
+            self,
+            ToolCallStatus::Completed
+                | ToolCallStatus::Failed
+                | ToolCallStatus::Rejected
+                | ToolCallStatus::TimedOut
+        )
+    }
+}
+
+words! {
+    /// A tool's effect class: `read` calls may be repeated freely, `write` calls in
+    /// flight at a crash follow the pipeline's `durable.on_interrupted`.
+    ToolEffect, "tool effect" {
+        Read = "read",
+        Write = "write",
+    }
+}
+
+words! {
+    /// A delegation's status: a completed one is reused after a crash, a failed one
+    /// is not cached and runs again.
+    DelegationStatus, "delegation status" {
+        Started = "started",
+        Completed = "completed",
+        Failed = "failed",
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -274,6 +333,10 @@ pub(crate) mod tests {
         round_trips::<Channel>();
         round_trips::<SendResult>();
         round_trips::<Level>();
+        round_trips::<TurnStatus>();
+        round_trips::<ToolCallStatus>();
+        round_trips::<ToolEffect>();
+        round_trips::<DelegationStatus>();
     }
 
     #[test]
