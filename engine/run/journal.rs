@@ -502,3 +502,577 @@ fn plan_delegations(j: &StepJournal) -> Vec<DelegationPlan> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::DelegationRecord;
+    use serde_json::json;
+
+    const RUN: &str = "r1";
+    const STEP: &str = "triage";
+
+    fn turn(n: u32, status: TurnStatus, reply: Option<Value>) -> TurnRecord {
+        turn_at(STEP, n, status, reply)
+    }
+
+    fn turn_at(path: &str, n: u32, status: TurnStatus, reply: Option<Value>) -> TurnRecord {
+        TurnRecord {
+            run_id: RUN.into(),
+            step_path: path.into(),
+            iteration: 1,
+            turn: n,
+            status,
+            messages_json: json!([{"role": "user", "content": format!("m{n}")}]).to_string(),
+            reply_json: reply.map(|r| r.to_string()),
+            tools_json: (n == 1).then(|| json!([{"name": "disk_usage"}]).to_string()),
+            input_tokens: 10 * u64::from(n),
+            output_tokens: u64::from(n),
+            cost_usd: Some(0.5),
+            error: None,
+            started_at: 1,
+            finished_at: None,
+        }
+    }
+
+    /// A reply proposing `n` calls of `lookup`, OpenAI style (arguments as JSON text).
+    fn calls_reply(n: u32) -> Value {
+        let calls: Vec<Value> = (1..=n)
+            .map(|i| {
+                json!({"id": format!("c{i}"), "type": "function",
+                       "function": {"name": "lookup", "arguments": format!("{{\"i\":{i}}}")}})
+            })
+            .collect();
+        json!({"role": "assistant", "content": null, "tool_calls": calls})
+    }
+
+    fn answer() -> Value {
+        json!({"role": "assistant", "content": "{\"summary\":\"ok\"}"})
+    }
+
+    fn call(turn: u32, index: u32, effect: ToolEffect, status: ToolCallStatus) -> ToolCallRecord {
+        ToolCallRecord {
+            run_id: RUN.into(),
+            step_path: STEP.into(),
+            iteration: 1,
+            turn,
+            call_index: index,
+            call_id: format!("c{index}"),
+            tool: "lookup".into(),
+            arguments_json: format!("{{\"i\":{index}}}"),
+            effect,
+            effect_key: effect_key(RUN, STEP, 1, turn, index),
+            status,
+            attempt: 2,
+            result_json: status.is_settled().then(|| format!("{{\"r\":{index}}}")),
+            approval_token: (status == ToolCallStatus::Waiting).then(|| "tok".to_string()),
+            approval_deadline: (status == ToolCallStatus::Waiting).then_some(900),
+            decided_by: None,
+            started_at: 2,
+            finished_at: None,
+            duration_ms: None,
+        }
+    }
+
+    fn journal(turns: Vec<TurnRecord>, calls: Vec<ToolCallRecord>) -> StepJournal {
+        StepJournal {
+            run_id: RUN.into(),
+            step_path: STEP.into(),
+            turns,
+            calls,
+            delegations: Vec::new(),
+        }
+    }
+
+    /// The shape of a plan: the next turn's kind, its number, whether it is the
+    /// final one, reused and rebilled counts, and every call's action.
+    #[derive(Debug, PartialEq)]
+    struct Shape {
+        next: &'static str,
+        next_turn: u32,
+        final_turn: bool,
+        reused: u32,
+        rebilled: u32,
+        calls: Vec<CallAction>,
+    }
+
+    fn shape(next: &'static str, next_turn: u32, reused: u32) -> Shape {
+        Shape {
+            next,
+            next_turn,
+            final_turn: false,
+            reused,
+            rebilled: 0,
+            calls: Vec::new(),
+        }
+    }
+
+    fn check(j: &StepJournal, policy: OnInterrupted, max_turns: u32, expected: Shape) {
+        let p = plan(&JournalInput {
+            journal: j,
+            iteration: 1,
+            on_interrupted: policy,
+            max_turns,
+        })
+        .expect("a readable journal");
+        let got = Shape {
+            next: match p.next {
+                NextTurn::Fresh => "fresh",
+                NextTurn::Again { .. } => "again",
+                NextTurn::AfterCalls => "after_calls",
+                NextTurn::Answered { .. } => "answered",
+            },
+            next_turn: p.next_turn,
+            final_turn: p.final_turn,
+            reused: p.reused_turns(),
+            rebilled: p.rebilled(),
+            calls: p.calls.iter().map(|c| c.action.clone()).collect(),
+        };
+        assert_eq!(got, expected, "{j:#?}");
+    }
+
+    fn reuse(index: u32, status: ToolCallStatus) -> CallAction {
+        CallAction::Reuse {
+            status,
+            result: json!({"r": index}),
+        }
+    }
+
+    #[test]
+    fn every_turn_outcome() {
+        use OnInterrupted::{Escalate, Rerun};
+        use TurnStatus::*;
+        // Nothing journaled: turn 1 with the prompt.
+        check(&journal(vec![], vec![]), Rerun, 10, shape("fresh", 1, 0));
+        // With max_turns 1 the first turn is already the final one.
+        check(
+            &journal(vec![], vec![]),
+            Rerun,
+            1,
+            Shape {
+                final_turn: true,
+                ..shape("fresh", 1, 0)
+            },
+        );
+        // Turn 1 in flight: requested again and billed twice.
+        check(
+            &journal(vec![turn(1, Started, None)], vec![]),
+            Escalate,
+            10,
+            Shape {
+                rebilled: 1,
+                ..shape("again", 1, 0)
+            },
+        );
+        // A failed turn is requested again, but it was not billed.
+        check(
+            &journal(
+                vec![
+                    turn(1, Completed, Some(calls_reply(1))),
+                    turn(2, Failed, None),
+                ],
+                vec![call(1, 1, ToolEffect::Read, ToolCallStatus::Completed)],
+            ),
+            Rerun,
+            10,
+            shape("again", 2, 1),
+        );
+        // Turn 2 in flight after a reused turn 1; with max_turns 2 it is the final.
+        check(
+            &journal(
+                vec![
+                    turn(1, Completed, Some(calls_reply(1))),
+                    turn(2, Started, None),
+                ],
+                vec![call(1, 1, ToolEffect::Write, ToolCallStatus::Completed)],
+            ),
+            Rerun,
+            2,
+            Shape {
+                rebilled: 1,
+                final_turn: true,
+                ..shape("again", 2, 1)
+            },
+        );
+        // The last turn answered without tool calls: nothing is requested.
+        check(
+            &journal(
+                vec![
+                    turn(1, Completed, Some(calls_reply(1))),
+                    turn(2, Completed, Some(answer())),
+                ],
+                vec![call(1, 1, ToolEffect::Read, ToolCallStatus::Completed)],
+            ),
+            Rerun,
+            2,
+            shape("answered", 3, 2),
+        );
+        // A gap: turn 3 without turn 2 was never this loop's; it is ignored.
+        check(
+            &journal(
+                vec![turn(1, Completed, Some(answer())), turn(3, Started, None)],
+                vec![],
+            ),
+            Rerun,
+            10,
+            shape("answered", 2, 1),
+        );
+        // All calls of the last turn settled, the next turn not started yet; the
+        // next turn (3 of 3) is the final one.
+        check(
+            &journal(
+                vec![
+                    turn(1, Completed, Some(calls_reply(1))),
+                    turn(2, Completed, Some(calls_reply(2))),
+                ],
+                vec![
+                    call(1, 1, ToolEffect::Read, ToolCallStatus::Completed),
+                    call(2, 1, ToolEffect::Read, ToolCallStatus::Completed),
+                    call(2, 2, ToolEffect::Write, ToolCallStatus::Failed),
+                ],
+            ),
+            Rerun,
+            3,
+            Shape {
+                final_turn: true,
+                calls: vec![
+                    reuse(1, ToolCallStatus::Completed),
+                    reuse(2, ToolCallStatus::Failed),
+                ],
+                ..shape("after_calls", 3, 2)
+            },
+        );
+    }
+
+    #[test]
+    fn every_call_outcome() {
+        use OnInterrupted::{Escalate, Rerun};
+        use ToolCallStatus::*;
+        use ToolEffect::{Read, Write};
+        let reply = |n| vec![turn(1, TurnStatus::Completed, Some(calls_reply(n)))];
+        let after = |calls| Shape {
+            calls,
+            ..shape("after_calls", 2, 1)
+        };
+        // Settled calls are reused under either policy; a call with no row runs.
+        for policy in [Rerun, Escalate] {
+            check(
+                &journal(
+                    reply(5),
+                    vec![
+                        call(1, 1, Write, Completed),
+                        call(1, 2, Write, Failed),
+                        call(1, 3, Write, Rejected),
+                        call(1, 4, Write, TimedOut),
+                    ],
+                ),
+                policy,
+                10,
+                after(vec![
+                    reuse(1, Completed),
+                    reuse(2, Failed),
+                    reuse(3, Rejected),
+                    reuse(4, TimedOut),
+                    CallAction::Run { attempt: 1 },
+                ]),
+            );
+        }
+        // A read call in flight runs again under either policy, attempt + 1.
+        for policy in [Rerun, Escalate] {
+            check(
+                &journal(reply(1), vec![call(1, 1, Read, Started)]),
+                policy,
+                10,
+                after(vec![CallAction::Rerun { attempt: 3 }]),
+            );
+        }
+        // A write call in flight follows the policy.
+        check(
+            &journal(reply(1), vec![call(1, 1, Write, Started)]),
+            Rerun,
+            10,
+            after(vec![CallAction::Rerun { attempt: 3 }]),
+        );
+        let escalated = CallAction::Escalate {
+            tool: "lookup".into(),
+            arguments: json!({"i": 1}),
+        };
+        check(
+            &journal(reply(1), vec![call(1, 1, Write, Started)]),
+            Escalate,
+            10,
+            after(vec![escalated.clone()]),
+        );
+        // A call already escalated stays escalated, whatever the policy now says.
+        check(
+            &journal(reply(1), vec![call(1, 1, Write, Escalated)]),
+            Rerun,
+            10,
+            after(vec![escalated.clone()]),
+        );
+        // A waiting call is re-armed with its token and deadline.
+        check(
+            &journal(reply(1), vec![call(1, 1, Write, Waiting)]),
+            Escalate,
+            10,
+            after(vec![CallAction::Rearm {
+                token: "tok".into(),
+                deadline: 900,
+            }]),
+        );
+        // A waiting row that lost its approval is in flight: the policy decides.
+        let mut lost = call(1, 1, Write, Waiting);
+        lost.approval_token = None;
+        check(
+            &journal(reply(1), vec![lost]),
+            Escalate,
+            10,
+            after(vec![escalated]),
+        );
+        // Attempt 0 (never recorded) counts as 1.
+        let mut first = call(1, 1, Read, Started);
+        first.attempt = 0;
+        check(
+            &journal(reply(1), vec![first]),
+            Rerun,
+            10,
+            after(vec![CallAction::Rerun { attempt: 2 }]),
+        );
+    }
+
+    #[test]
+    fn a_call_not_started_comes_from_the_reply() {
+        let j = journal(
+            vec![turn(1, TurnStatus::Completed, Some(calls_reply(2)))],
+            vec![call(1, 1, ToolEffect::Read, ToolCallStatus::Completed)],
+        );
+        let p = plan(&JournalInput {
+            journal: &j,
+            iteration: 1,
+            on_interrupted: OnInterrupted::Rerun,
+            max_turns: 10,
+        })
+        .expect("plan");
+        let second = &p.calls[1];
+        assert_eq!(second.call_index, 2);
+        assert_eq!(second.call_id, "c2");
+        assert_eq!(second.tool, "lookup");
+        assert_eq!(second.arguments, json!({"i": 2}));
+        assert_eq!(second.effect_key, "r1:triage:1:1:2");
+        assert_eq!(p.calls[0].effect_key, "r1:triage:1:1:1");
+    }
+
+    #[test]
+    fn the_conversation_is_rebuilt_in_order() {
+        let j = journal(
+            vec![
+                turn(1, TurnStatus::Completed, Some(calls_reply(1))),
+                turn(2, TurnStatus::Started, None),
+            ],
+            vec![call(1, 1, ToolEffect::Read, ToolCallStatus::Completed)],
+        );
+        let p = plan(&JournalInput {
+            journal: &j,
+            iteration: 1,
+            on_interrupted: OnInterrupted::Rerun,
+            max_turns: 10,
+        })
+        .expect("plan");
+        assert_eq!(
+            p.conversation,
+            vec![
+                json!({"role": "user", "content": "m1"}),
+                calls_reply(1),
+                json!({"role": "user", "content": "m2"}),
+            ]
+        );
+        assert_eq!(
+            p.next,
+            NextTurn::Again {
+                turn: 2,
+                messages: vec![json!({"role": "user", "content": "m2"})],
+                rebilled: true,
+            }
+        );
+        assert_eq!(p.reused[0].reply, calls_reply(1));
+        assert_eq!(p.tools, Some(json!([{"name": "disk_usage"}])));
+        assert!(
+            p.calls.is_empty(),
+            "the calls before a requested turn are done"
+        );
+    }
+
+    #[test]
+    fn usage_counts_every_turn_once_with_delegations() {
+        let mut sub = turn_at(
+            "triage/delegate/abc",
+            1,
+            TurnStatus::Completed,
+            Some(answer()),
+        );
+        sub.cost_usd = None;
+        let mut later = turn(1, TurnStatus::Completed, Some(answer()));
+        later.iteration = 2;
+        let j = journal(
+            vec![
+                turn(1, TurnStatus::Completed, Some(calls_reply(1))),
+                turn(2, TurnStatus::Started, None),
+                sub,
+                later,
+            ],
+            vec![],
+        );
+        let p = plan(&JournalInput {
+            journal: &j,
+            iteration: 1,
+            on_interrupted: OnInterrupted::Rerun,
+            max_turns: 10,
+        })
+        .expect("plan");
+        // Iteration 1: turns 1 and 2 of the step and the sub-agent's turn 1.
+        assert_eq!(
+            p.usage,
+            Usage {
+                input_tokens: 10 + 20 + 10,
+                output_tokens: 1 + 2 + 1,
+                cost_usd: Some(1.0),
+            }
+        );
+        assert_eq!(j.usage().input_tokens, 50);
+        assert_eq!(j.usage().cost_usd, Some(1.5));
+        assert_eq!(j.usage_of_iteration(2).tokens(), 11);
+        assert_eq!(StepJournal::default().usage(), Usage::default());
+        // The sub-agent's turns are not the step's conversation.
+        assert_eq!(p.reused_turns(), 1);
+    }
+
+    #[test]
+    fn delegations_completed_are_reused_failed_run_again() {
+        let d = |key: &str, status: DelegationStatus, output: Option<&str>| DelegationRecord {
+            run_id: RUN.into(),
+            step_path: STEP.into(),
+            key: key.into(),
+            agent: "db-expert".into(),
+            question: "why?".into(),
+            status,
+            output_json: output.map(str::to_string),
+            journal_path: delegation_path(STEP, key),
+            started_at: 1,
+            finished_at: None,
+        };
+        let mut nested = d("n", DelegationStatus::Completed, Some("1"));
+        nested.step_path = "triage/delegate/a".into();
+        let mut j = journal(vec![], vec![]);
+        j.delegations = vec![
+            d("a", DelegationStatus::Completed, Some(r#"{"answer":42}"#)),
+            d("b", DelegationStatus::Failed, None),
+            d("c", DelegationStatus::Started, None),
+            d("e", DelegationStatus::Completed, Some("not json")),
+            nested,
+        ];
+        let p = plan(&JournalInput {
+            journal: &j,
+            iteration: 1,
+            on_interrupted: OnInterrupted::Rerun,
+            max_turns: 10,
+        })
+        .expect("plan");
+        let got: Vec<(&str, &DelegationAction)> = p
+            .delegations
+            .iter()
+            .map(|d| (d.key.as_str(), &d.action))
+            .collect();
+        let reuse = DelegationAction::Reuse {
+            output: json!({"answer": 42}),
+        };
+        assert_eq!(
+            got,
+            vec![
+                ("a", &reuse),
+                ("b", &DelegationAction::Run),
+                ("c", &DelegationAction::Run),
+                ("e", &DelegationAction::Run),
+            ],
+            "the sub-agent's own delegation is its plan's, not the step's"
+        );
+        assert_eq!(
+            p.delegation("a").map(|d| d.journal_path.as_str()),
+            Some("triage/delegate/a")
+        );
+        assert_eq!(p.delegation("zz"), None);
+    }
+
+    #[test]
+    fn a_sub_agent_is_planned_from_its_part_of_the_journal() {
+        let path = "triage/delegate/abc";
+        let j = journal(
+            vec![
+                turn(1, TurnStatus::Completed, Some(calls_reply(1))),
+                turn_at(path, 1, TurnStatus::Completed, Some(answer())),
+            ],
+            vec![],
+        );
+        let sub = j.sub(path);
+        assert_eq!(sub.turns.len(), 1);
+        let p = plan(&JournalInput {
+            journal: &sub,
+            iteration: 1,
+            on_interrupted: OnInterrupted::Rerun,
+            max_turns: 10,
+        })
+        .expect("plan");
+        assert_eq!(p.next, NextTurn::Answered { reply: answer() });
+    }
+
+    #[test]
+    fn an_unreadable_row_is_an_error_not_a_guess() {
+        let mut bad = turn(1, TurnStatus::Completed, Some(answer()));
+        bad.messages_json = "{not json".into();
+        let plan_of = |t: TurnRecord| {
+            let j = journal(vec![t], vec![]);
+            plan(&JournalInput {
+                journal: &j,
+                iteration: 1,
+                on_interrupted: OnInterrupted::Rerun,
+                max_turns: 10,
+            })
+        };
+        assert!(matches!(
+            plan_of(bad),
+            Err(Error::BadJson {
+                column: "messages_json",
+                turn: 1,
+                ..
+            })
+        ));
+        let mut object = turn(1, TurnStatus::Completed, Some(answer()));
+        object.messages_json = "{}".into();
+        assert!(matches!(plan_of(object), Err(Error::BadJson { .. })));
+        let no_reply = turn(1, TurnStatus::Completed, None);
+        assert_eq!(
+            plan_of(no_reply).map(|_| ()).unwrap_err().to_string(),
+            "the journal of `triage` has turn 1 completed without a reply"
+        );
+    }
+
+    #[test]
+    fn keys_and_paths() {
+        assert_eq!(effect_key("r", "g/b", 2, 3, 4), "r:g/b:2:3:4");
+        let k = delegation_key("db-expert", "why?", "{}");
+        assert_eq!(k.len(), 64);
+        assert_eq!(k, blake3::hash(b"db-expert|why?|{}").to_hex().to_string());
+        assert_ne!(k, delegation_key("db-expert", "why?", "{\"x\":1}"));
+        assert_eq!(
+            delegation_path("triage", &k),
+            format!("triage/delegate/{}", &k[..12])
+        );
+        assert_eq!(
+            tool_message("c1", &json!({"free": 3})),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "{\"free\":3}"})
+        );
+        assert_eq!(
+            tool_message("c1", &json!("plain")),
+            json!({"role": "tool", "tool_call_id": "c1", "content": "plain"})
+        );
+    }
+}
