@@ -454,6 +454,52 @@ pub(crate) mod tests {
         );
     }
 
+    /// The step journal's words are the ones its tables' CHECK constraints allow:
+    /// the lists after the first five, in the order of migration 0006.
+    #[test]
+    fn the_journal_words_match_the_schema() {
+        let schema = sources("store")
+            .into_iter()
+            .find(|(f, _)| f.ends_with("migrations.rs"))
+            .map(|(_, code)| code)
+            .expect("store/migrations.rs");
+        let lists: Vec<String> = schema
+            .split(" IN (")
+            .skip(1)
+            .map(|rest| {
+                rest.split(')')
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(|w| w.trim().trim_matches('\'').to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        fn of<T: Word>() -> String {
+            T::ALL
+                .iter()
+                .map(|w| w.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+        assert_eq!(
+            lists.get(5..9),
+            Some(
+                &[
+                    of::<TurnStatus>(),
+                    of::<ToolEffect>(),
+                    of::<ToolCallStatus>(),
+                    of::<DelegationStatus>(),
+                ][..]
+            )
+        );
+        assert_eq!(
+            of::<ToolCallStatus>(),
+            "started,completed,failed,waiting,rejected,timed_out,escalated"
+        );
+    }
+
     /// The words as the contract spells them.
     #[test]
     fn the_words_are_the_contracts() {
