@@ -142,8 +142,9 @@ pub struct JournalPlan {
     /// The number of the next turn to request (for `Answered`, the one that would
     /// follow the answer).
     pub next_turn: u32,
-    /// The next turn is the last `max_turns` allows: ask it for a final answer,
-    /// without tools.
+    /// The next turn is the last `max_turns` allows (or past it, when `max_turns`
+    /// was lowered or the model proposed calls on its final turn): ask it for a
+    /// final answer, without tools. Never set for [`NextTurn::Answered`].
     pub final_turn: bool,
 }
 
@@ -207,11 +208,7 @@ pub fn plan(input: &JournalInput<'_>) -> Result<JournalPlan, Error> {
         let messages = messages(t)?;
         if t.status != TurnStatus::Completed {
             conversation.extend(messages.iter().cloned());
-            again = Some(NextTurn::Again {
-                turn: t.turn,
-                messages,
-                rebilled: t.status == TurnStatus::Started,
-            });
+            again = Some((t.turn, messages, t.status == TurnStatus::Started));
             break;
         }
         let reply = match t.reply_json.as_deref() {
@@ -234,13 +231,14 @@ pub fn plan(input: &JournalInput<'_>) -> Result<JournalPlan, Error> {
 
     let mut calls = Vec::new();
     let (next, next_turn) = match (again, reused.last()) {
-        (Some(next), _) => {
-            let turn = match &next {
-                NextTurn::Again { turn, .. } => *turn,
-                _ => 1,
-            };
-            (next, turn)
-        }
+        (Some((turn, messages, rebilled)), _) => (
+            NextTurn::Again {
+                turn,
+                messages,
+                rebilled,
+            },
+            turn,
+        ),
         (None, None) => (NextTurn::Fresh, 1),
         (None, Some(last)) => {
             calls = plan_calls(input, last)?;
