@@ -715,6 +715,20 @@ mod tests {
             10,
             shape("answered", 2, 1),
         );
+        // The model proposed calls on its final turn: past max_turns, still final.
+        check(
+            &journal(
+                vec![turn(1, Completed, Some(calls_reply(1)))],
+                vec![call(1, 1, ToolEffect::Read, ToolCallStatus::Completed)],
+            ),
+            Rerun,
+            1,
+            Shape {
+                final_turn: true,
+                calls: vec![reuse(1, ToolCallStatus::Completed)],
+                ..shape("after_calls", 2, 1)
+            },
+        );
         // All calls of the last turn settled, the next turn not started yet; the
         // next turn (3 of 3) is the final one.
         check(
@@ -836,6 +850,22 @@ mod tests {
             10,
             after(vec![CallAction::Rerun { attempt: 2 }]),
         );
+    }
+
+    #[test]
+    fn another_iteration_starts_fresh() {
+        let j = journal(vec![turn(1, TurnStatus::Completed, Some(answer()))], vec![]);
+        let p = plan(&JournalInput {
+            journal: &j,
+            iteration: 2,
+            on_interrupted: OnInterrupted::Rerun,
+            max_turns: 10,
+        })
+        .expect("plan");
+        assert_eq!(p.next, NextTurn::Fresh);
+        assert_eq!((p.reused_turns(), p.tools.clone()), (0, None));
+        assert_eq!(p.usage, Usage::default());
+        assert!(p.conversation.is_empty());
     }
 
     #[test]
