@@ -247,6 +247,65 @@ words! {
     }
 }
 
+words! {
+    /// An agent turn's status in the step journal: `started` is recorded before the
+    /// model is called, `completed` with its reply and usage before any tool of that
+    /// reply runs. A completed turn is never requested again.
+    TurnStatus, "turn status" {
+        Started = "started",
+        Completed = "completed",
+        Failed = "failed",
+    }
+}
+
+words! {
+    /// A tool call's status in the step journal. `waiting` is parked for a human;
+    /// `rejected` and `timed_out` are decisions returned to the model as the tool's
+    /// result; `escalated` is a write call in flight at a crash under
+    /// `on_interrupted: escalate`.
+    ToolCallStatus, "tool call status" {
+        Started = "started",
+        Completed = "completed",
+        Failed = "failed",
+        Waiting = "waiting",
+        Rejected = "rejected",
+        TimedOut = "timed_out",
+        Escalated = "escalated",
+    }
+}
+
+impl ToolCallStatus {
+    /// Whether the call has its result for the model (it is never run again).
+    pub fn is_settled(self) -> bool {
+        matches!(
+            self,
+            ToolCallStatus::Completed
+                | ToolCallStatus::Failed
+                | ToolCallStatus::Rejected
+                | ToolCallStatus::TimedOut
+        )
+    }
+}
+
+words! {
+    /// A tool's effect class: `read` calls may be repeated freely, `write` calls in
+    /// flight at a crash follow the pipeline's `durable.on_interrupted`.
+    ToolEffect, "tool effect" {
+        Read = "read",
+        Write = "write",
+    }
+}
+
+words! {
+    /// A delegation's status: a completed one is reused after a crash, a failed one
+    /// is not cached and runs again.
+    DelegationStatus, "delegation status" {
+        Started = "started",
+        Completed = "completed",
+        Failed = "failed",
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -274,6 +333,10 @@ pub(crate) mod tests {
         round_trips::<Channel>();
         round_trips::<SendResult>();
         round_trips::<Level>();
+        round_trips::<TurnStatus>();
+        round_trips::<ToolCallStatus>();
+        round_trips::<ToolEffect>();
+        round_trips::<DelegationStatus>();
     }
 
     #[test]
@@ -388,6 +451,52 @@ pub(crate) mod tests {
             Some(&table(
                 NotificationStatus::ALL.iter().map(|s| s.as_str()).collect()
             ))
+        );
+    }
+
+    /// The step journal's words are the ones its tables' CHECK constraints allow:
+    /// the lists after the first five, in the order of migration 0006.
+    #[test]
+    fn the_journal_words_match_the_schema() {
+        let schema = sources("store")
+            .into_iter()
+            .find(|(f, _)| f.ends_with("migrations.rs"))
+            .map(|(_, code)| code)
+            .expect("store/migrations.rs");
+        let lists: Vec<String> = schema
+            .split(" IN (")
+            .skip(1)
+            .map(|rest| {
+                rest.split(')')
+                    .next()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(|w| w.trim().trim_matches('\'').to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        fn of<T: Word>() -> String {
+            T::ALL
+                .iter()
+                .map(|w| w.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+        assert_eq!(
+            lists.get(5..9),
+            Some(
+                &[
+                    of::<TurnStatus>(),
+                    of::<ToolEffect>(),
+                    of::<ToolCallStatus>(),
+                    of::<DelegationStatus>(),
+                ][..]
+            )
+        );
+        assert_eq!(
+            of::<ToolCallStatus>(),
+            "started,completed,failed,waiting,rejected,timed_out,escalated"
         );
     }
 

@@ -1,8 +1,9 @@
 //! The run state machine's pure parts: the output contract, flow decisions (gates,
 //! joins, budgets, fan-out lists), how a unit settles the run and what a boundary
 //! does (`settle`), what follows an attempt (`attempt`), how a group joins
-//! (`join`), what an agent's model reply leads to (`turns`), the template context
-//! and the resume planner.
+//! (`join`), what an agent's model reply leads to (`turns`), the template context,
+//! the resume planner (`plan`) and the agent step journal's resume decisions
+//! (`journal`).
 //! Nothing here does I/O, and nothing is `async`: `runner` performs what these
 //! functions decide (`tests::nothing_here_is_async` checks it).
 
@@ -10,6 +11,7 @@ pub mod attempt;
 pub mod context;
 pub mod flow;
 pub mod join;
+pub mod journal;
 pub mod output;
 pub mod plan;
 pub mod settle;

@@ -1,6 +1,6 @@
 //! `retention.days`: finished runs older than this are deleted with their steps,
-//! run log, approvals and notifications, at start and every six hours. Running runs
-//! are never touched. `days: 0` keeps everything.
+//! run log, approvals, notifications and agent journal, at start and every six
+//! hours. Running runs are never touched. `days: 0` keeps everything.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,6 +17,7 @@ pub(super) const MIGRATIONS: &[(&str, &str)] = &[
     ("0003_drop_redundant_index", DROP_REDUNDANT_INDEX),
     ("0004_partial_parent_index", PARTIAL_PARENT_INDEX),
     ("0005_run_owner", RUN_OWNER),
+    ("0006_agent_journal", AGENT_JOURNAL),
 ];
 
 /// A run created by `vectorstep run` records the process that owns it (the name of
@@ -154,6 +155,74 @@ CREATE INDEX ix_notifications_status ON notifications (status);
 CREATE TABLE kv (
     key   TEXT PRIMARY KEY NOT NULL,
     value TEXT NOT NULL
+);
+";
+
+/// The step journal of tool-using agents (SPEC 10): one row per model turn, per tool
+/// call and per delegation, committed like step records. Listed after `INITIAL` so
+/// that the schema's status lists keep their order (`domain::tests` reads them).
+///
+/// Every read is "the rows of one step and of its `<step path>/delegate/...`
+/// sub-paths" (a range on `step_path`) or "the rows of one run" (the API, retention),
+/// so the primary keys, which start with `(run_id, step_path)`, are the indexes; no
+/// other is needed. `effect_key` is UNIQUE: two calls can never share the key a
+/// tool deduplicates its effects on. Turn messages hold only what that turn added
+/// (the prompt on turn 1, tool results after), so the journal grows linearly.
+const AGENT_JOURNAL: &str = "
+CREATE TABLE agent_turns (
+    run_id        TEXT NOT NULL,
+    step_path     TEXT NOT NULL,
+    iteration     INTEGER NOT NULL,
+    turn          INTEGER NOT NULL,
+    status        TEXT NOT NULL CHECK (status IN ('started', 'completed', 'failed')),
+    messages_json TEXT NOT NULL,
+    reply_json    TEXT,
+    tools_json    TEXT,
+    input_tokens  INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    cost_usd      REAL,
+    error         TEXT,
+    started_at    INTEGER NOT NULL,
+    finished_at   INTEGER,
+    PRIMARY KEY (run_id, step_path, iteration, turn)
+);
+
+CREATE TABLE tool_calls (
+    run_id            TEXT NOT NULL,
+    step_path         TEXT NOT NULL,
+    iteration         INTEGER NOT NULL,
+    turn              INTEGER NOT NULL,
+    call_index        INTEGER NOT NULL,
+    call_id           TEXT NOT NULL,
+    tool              TEXT NOT NULL,
+    arguments_json    TEXT NOT NULL,
+    effect            TEXT NOT NULL CHECK (effect IN ('read', 'write')),
+    effect_key        TEXT NOT NULL UNIQUE,
+    status            TEXT NOT NULL CHECK (status IN ('started', 'completed', 'failed',
+                          'waiting', 'rejected', 'timed_out', 'escalated')),
+    attempt           INTEGER NOT NULL,
+    result_json       TEXT,
+    approval_token    TEXT,
+    approval_deadline INTEGER,
+    decided_by        TEXT,
+    started_at        INTEGER NOT NULL,
+    finished_at       INTEGER,
+    duration_ms       INTEGER,
+    PRIMARY KEY (run_id, step_path, iteration, turn, call_index)
+);
+
+CREATE TABLE agent_delegations (
+    run_id       TEXT NOT NULL,
+    step_path    TEXT NOT NULL,
+    key          TEXT NOT NULL,
+    agent        TEXT NOT NULL,
+    question     TEXT NOT NULL,
+    status       TEXT NOT NULL CHECK (status IN ('started', 'completed', 'failed')),
+    output_json  TEXT,
+    journal_path TEXT NOT NULL,
+    started_at   INTEGER NOT NULL,
+    finished_at  INTEGER,
+    PRIMARY KEY (run_id, step_path, key)
 );
 ";
 

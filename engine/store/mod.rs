@@ -1,5 +1,5 @@
-//! Durable state: runs, steps, the run log, approvals, the notification outbox and a
-//! small key-value table, in one SQLite file.
+//! Durable state: runs, steps, the run log, approvals, the notification outbox, the
+//! agent step journal and a small key-value table, in one SQLite file.
 //!
 //! This is the only module that imports rusqlite. [`Store`] is a concrete SQLite
 //! type; what follows is the contract its callers rely on, which another backend
@@ -48,10 +48,11 @@
 //!
 //! The rule for reads from async code: **call a read directly only when its cost is
 //! bounded by one run or by the pending rows** (a row by its key, the rows of one
-//! run, the runs still running, the approvals and notifications still pending,
-//! which the engine keeps bounded by deciding, closing and delivering them); **a read
-//! whose cost grows with history (`runs` with a filter, `find_duplicate`, a run's
-//! whole log for the API) goes inside `tokio::task::spawn_blocking`**. The HTTP
+//! run, one agent step's `journal`, the runs still running, the approvals and
+//! notifications still pending, which the engine keeps bounded by deciding, closing
+//! and delivering them); **a read whose cost grows with history (`runs` with a
+//! filter, `find_duplicate`, a run's whole log or all its journals for the API,
+//! `journals_of_run`) goes inside `tokio::task::spawn_blocking`**. The HTTP
 //! handlers do so; the runner reads only rows of the run it drives, and its
 //! background tasks (start-up sweep, outbox retries, the park timer) read only
 //! pending or running rows.
@@ -60,13 +61,15 @@
 //! store can write, whether its path still names the open file), `migrations`
 //! (schema), `connection` (pragmas, read pool, row decoding), `lock` (the `flock` sidecar
 //! files that say which process owns the store and which owns a run), then one file per
-//! table: `runs`, `steps`, `events`, `approvals`, `notifications`, `kv`.
+//! table: `runs`, `steps`, `events`, `approvals`, `notifications`, `kv`, and `journal`
+//! (the three tables of the agent step journal).
 
 mod approvals;
 mod connection;
 mod error;
 mod events;
 mod health;
+mod journal;
 mod kv;
 pub mod lock;
 mod migrations;
@@ -87,6 +90,9 @@ pub use approvals::ApprovalRecord;
 pub use connection::{raw_commit_probe, MIN_FREE_BYTES, WAL_BOUND_BYTES};
 pub use error::Error;
 pub use events::EventRecord;
+pub use journal::{
+    is_within, root_of, DelegationRecord, StepJournal, ToolCallRecord, TurnRecord, DELEGATE_INFIX,
+};
 pub use notifications::NotificationRecord;
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
 pub use steps::StepRecord;

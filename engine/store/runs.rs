@@ -427,12 +427,13 @@ impl Store {
 
 pub(super) fn prune(conn: &Connection, cutoff: i64) -> rusqlite::Result<Outcome> {
     let old = "SELECT id FROM pipeline_runs WHERE status != 'running' AND completed_at IS NOT NULL AND completed_at < ?1";
-    for table in [
+    let owned = [
         "pipeline_steps",
         "run_events",
         "pending_approvals",
         "notifications",
-    ] {
+    ];
+    for table in owned.into_iter().chain(super::journal::TABLES) {
         conn.prepare_cached(&format!("DELETE FROM {table} WHERE run_id IN ({old})"))?
             .execute(params![cutoff])?;
     }

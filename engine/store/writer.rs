@@ -27,8 +27,11 @@ use tracing::{debug, error, warn};
 use super::connection::{now_ms, WAL_FORCE_CHECKPOINT_BYTES};
 use super::error::is_transient;
 use super::health::Health;
-use super::{approvals, events, kv, notifications, runs, steps};
-use super::{ApprovalRecord, Error, EventRecord, NotificationRecord, RunRecord, StepRecord};
+use super::{approvals, events, journal, kv, notifications, runs, steps};
+use super::{
+    ApprovalRecord, DelegationRecord, Error, EventRecord, NotificationRecord, RunRecord,
+    StepRecord, ToolCallRecord, TurnRecord,
+};
 use crate::domain::{ApprovalStatus, NotificationStatus, RunStatus};
 
 /// One change to the store. A caller's `Vec<Write>` is applied atomically, in order.
@@ -101,7 +104,8 @@ pub enum Write {
         error: Option<String>,
     },
     /// Deletes runs that finished before `cutoff` (unix ms) with everything that
-    /// belongs to them. Running runs are never touched.
+    /// belongs to them (steps, log, approvals, notifications, agent journal).
+    /// Running runs are never touched.
     PruneFinishedBefore {
         cutoff: i64,
     },
@@ -115,6 +119,16 @@ pub enum Write {
         run_id: String,
         owner: Option<String>,
     },
+    /// Inserts or completely replaces the agent turn at `(run_id, step_path,
+    /// iteration, turn)`.
+    UpsertTurn(TurnRecord),
+    /// Inserts or completely replaces the tool call at `(run_id, step_path,
+    /// iteration, turn, call_index)`; fails if another call holds its `effect_key`.
+    /// Put in the same batch as the turn it follows, "turn N completed + call 1
+    /// started" is one commit and one fsync.
+    UpsertToolCall(ToolCallRecord),
+    /// Inserts or completely replaces the delegation at `(run_id, step_path, key)`.
+    UpsertDelegation(DelegationRecord),
 }
 
 /// What a write did; one per write, in the order of the batch. Outcomes other than
@@ -179,6 +193,9 @@ impl Write {
             Write::SetKv { .. } => "SetKv",
             Write::PruneFinishedBefore { .. } => "PruneFinishedBefore",
             Write::SetRunOwner { .. } => "SetRunOwner",
+            Write::UpsertTurn(_) => "UpsertTurn",
+            Write::UpsertToolCall(_) => "UpsertToolCall",
+            Write::UpsertDelegation(_) => "UpsertDelegation",
         }
     }
 
@@ -238,6 +255,9 @@ impl Write {
             Write::SetKv { key, value } => kv::set(conn, key, value),
             Write::PruneFinishedBefore { cutoff } => runs::prune(conn, *cutoff),
             Write::SetRunOwner { run_id, owner } => runs::set_owner(conn, run_id, owner.as_deref()),
+            Write::UpsertTurn(turn) => journal::upsert_turn(conn, turn),
+            Write::UpsertToolCall(call) => journal::upsert_call(conn, call),
+            Write::UpsertDelegation(d) => journal::upsert_delegation(conn, d),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Tests of the store against real SQLite files in temporary directories.
 
 mod concurrency;
+mod journal;
 mod migrations;
 mod records;
 mod semantics;
