@@ -22,7 +22,10 @@ const MAX_PROBLEMS: usize = 5;
 /// OpenAI tools format are always an object).
 pub fn check_parameters(schema: &Value) -> Result<(), String> {
     let Some(obj) = schema.as_object() else {
-        return Err(format!("expected a JSON Schema object, found {}", json_type(schema)));
+        return Err(format!(
+            "expected a JSON Schema object, found {}",
+            json_type(schema)
+        ));
     };
     match obj.get("type") {
         Some(Value::String(t)) if t == "object" => {}
@@ -195,7 +198,10 @@ mod tests {
             json!({"service": 1.5}),
             Err("argument `service`: expected string, got number"),
         );
-        check(json!({}), Err("arguments: missing required argument `service`"));
+        check(
+            json!({}),
+            Err("arguments: missing required argument `service`"),
+        );
         check(
             json!("restart api"),
             Err("arguments: expected object, got string"),
@@ -244,7 +250,10 @@ mod tests {
         let lines: Vec<&str> = err.lines().collect();
         assert_eq!(lines.len(), 3, "{err}");
         assert!(err.contains("missing required argument `service`"), "{err}");
-        assert!(err.contains("argument `replicas`: expected integer, got string"), "{err}");
+        assert!(
+            err.contains("argument `replicas`: expected integer, got string"),
+            "{err}"
+        );
         assert!(err.contains("unknown argument `extra`"), "{err}");
     }
 
@@ -261,7 +270,10 @@ mod tests {
             (json!({"type": "object"}), Ok(())),
             (schema(), Ok(())),
             (json!([]), Err("expected a JSON Schema object, found array")),
-            (json!({"properties": {}}), Err("the top-level schema needs `type: object`")),
+            (
+                json!({"properties": {}}),
+                Err("the top-level schema needs `type: object`"),
+            ),
             (
                 json!({"type": "string"}),
                 Err("the top-level `type` must be \"object\", found \"string\""),
@@ -283,7 +295,8 @@ mod tests {
 
     #[test]
     fn a_remote_reference_is_refused_without_a_request() {
-        let s = json!({"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/x.json"}}});
+        let s =
+            json!({"type": "object", "properties": {"a": {"$ref": "http://127.0.0.1:9/x.json"}}});
         let err = check_parameters(&s).unwrap_err();
         assert!(err.starts_with("not a valid JSON Schema"), "{err}");
     }

@@ -318,7 +318,11 @@ pub(super) fn decode(
         let settings = tools::decode_agent_tools(o, d);
         let provider = o.req_str(d, "provider")?;
         let model = o.req_str(d, "model")?;
-        let name = o.path.strip_prefix("agents.").unwrap_or(&o.path).to_string();
+        let name = o
+            .path
+            .strip_prefix("agents.")
+            .unwrap_or(&o.path)
+            .to_string();
         let delegates = settings.delegates.iter().map(|(n, _)| n.clone()).collect();
         delegate_spans.borrow_mut().insert(name, settings.delegates);
         Some(Agent {

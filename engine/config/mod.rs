@@ -17,8 +17,8 @@ mod decode;
 mod tools;
 use decode::{decode, expand_tree};
 pub use tools::{
-    check_mcp_refs, AgentTool, ApprovalRule, DeclaredTool, Effect, ShellTool, ToolRun,
-    WebhookTool, DEFAULT_APPROVAL_TIMEOUT_SECONDS, DEFAULT_MAX_TURNS, DELEGATE_TOOL,
+    check_mcp_refs, AgentTool, ApprovalRule, DeclaredTool, Effect, ShellTool, ToolRun, WebhookTool,
+    DEFAULT_APPROVAL_TIMEOUT_SECONDS, DEFAULT_MAX_TURNS, DELEGATE_TOOL,
 };
 
 #[derive(Debug, Clone)]
