@@ -115,8 +115,7 @@ async fn webhook(
         .headers(headers(name, w, id)?)
         .timeout(timeout)
         .body(arguments.to_string());
-    let what = format!("tool `{name}` POST");
-    let reply = http::send(req, &what, &w.url)
+    let reply = http::send(req, "POST", &w.url)
         .await
         .map_err(|e| Error::Transport {
             tool: name.to_string(),

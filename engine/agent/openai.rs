@@ -177,7 +177,9 @@ pub fn parse_message(message: &Value, turn: u32) -> Result<AssistantReply, Strin
         tool_calls.push(parse_call(call, turn, i + 1)?);
     }
     Ok(AssistantReply {
-        content: content.filter(|c| !(c.trim().is_empty() && !tool_calls.is_empty())),
+        // Blank text beside tool calls is no content; a blank final answer is kept
+        // so that the loop reports it as the bad output it is.
+        content: content.filter(|c| !c.trim().is_empty() || tool_calls.is_empty()),
         tool_calls,
     })
 }
