@@ -261,6 +261,16 @@ mod tests {
             Ok(&["echo", ""]),
         );
         check(
+            &["kubectl", "--tail", "{{ args.lines | default(100) }}"],
+            json!({}),
+            Ok(&["kubectl", "--tail", "100"]),
+        );
+        check(
+            &["kubectl", "--tail", "{{ args.lines | default(100) }}"],
+            json!({"lines": 5}),
+            Ok(&["kubectl", "--tail", "5"]),
+        );
+        check(
             &["echo", "deploy/{{ args.service }}"],
             json!({}),
             Err("cannot render `command[1]`"),

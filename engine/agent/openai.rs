@@ -14,7 +14,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::config::Agent;
+use crate::config::{Agent, DeclaredTool};
 
 /// One tool as the model sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,6 +36,16 @@ impl ToolSpec {
                 "parameters": self.parameters,
             }
         })
+    }
+}
+
+impl From<&DeclaredTool> for ToolSpec {
+    fn from(t: &DeclaredTool) -> ToolSpec {
+        ToolSpec {
+            name: t.name.clone(),
+            description: t.description.clone(),
+            parameters: t.parameters.clone(),
+        }
     }
 }
 

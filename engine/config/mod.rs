@@ -355,6 +355,21 @@ impl Config {
         Err(d)
     }
 
+    /// The declared tools `agent` lists, in its order (its MCP entries are the MCP
+    /// client's). Empty for an unknown agent; names are checked at load.
+    pub fn declared_tools(&self, agent: &str) -> Vec<&DeclaredTool> {
+        let Some(a) = self.agents.get(agent) else {
+            return Vec::new();
+        };
+        a.tools
+            .iter()
+            .filter_map(|t| match t {
+                AgentTool::Declared { name, .. } => self.tools.get(name),
+                AgentTool::Mcp { .. } => None,
+            })
+            .collect()
+    }
+
     /// The provider an agent uses, if both are configured.
     pub fn agent_provider(&self, agent: &str) -> Option<(&Agent, &Provider)> {
         let a = self.agents.get(agent)?;

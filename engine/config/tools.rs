@@ -608,6 +608,13 @@ tools:
                 "mcp:grafana:None"
             ]
         );
+        let declared: Vec<&str> = c
+            .declared_tools("a")
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
+        assert_eq!(declared, ["restart_service"]);
+        assert!(c.declared_tools("nobody").is_empty());
         let b = &c.agents["b"];
         assert_eq!(b.max_turns, DEFAULT_MAX_TURNS);
         assert_eq!(b.approval_timeout_seconds, DEFAULT_APPROVAL_TIMEOUT_SECONDS);
