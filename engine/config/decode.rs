@@ -24,7 +24,7 @@ impl Unset {
     }
 
     /// The first `${VAR}` without a default that expanded empty inside the node at `span`.
-    fn empty_variable_at(&self, span: &Span) -> Option<&str> {
+    pub(super) fn empty_variable_at(&self, span: &Span) -> Option<&str> {
         self.by_node
             .iter()
             .find(|(s, _)| s == span)
@@ -339,7 +339,7 @@ pub(super) fn decode(
     }) {
         c.agents = m;
     }
-    c.tools = tools::decode_tools(&top, d);
+    c.tools = tools::decode_tools(&top, unset, &mut c.unset_secrets, d);
     tools::check_references(&c.agents, &delegate_spans.into_inner(), &c.tools, d);
     for (name, agent) in &c.agents {
         if !c.providers.contains_key(&agent.provider) {

@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use super::{Agent, Config};
+use super::decode::Unset;
+use super::{Agent, Config, UnsetSecret};
 use crate::decode::Obj;
 use crate::diag::{did_you_mean, Diagnostics, Span};
 use crate::yaml;
@@ -117,7 +118,16 @@ const TOOL_KEYS: &[&str] = &[
 ];
 
 /// `tools:`, every entry decoded and checked.
-pub(super) fn decode_tools(top: &Obj<'_>, d: &mut Diagnostics) -> BTreeMap<String, DeclaredTool> {
+///
+/// A webhook header built from a `${VAR}` (no default) that expanded empty is
+/// recorded in `secrets`, so `serve` refuses to start instead of sending
+/// `Authorization: Bearer ` (SPEC 3).
+pub(super) fn decode_tools(
+    top: &Obj<'_>,
+    unset: &Unset,
+    secrets: &mut Vec<UnsetSecret>,
+    d: &mut Diagnostics,
+) -> BTreeMap<String, DeclaredTool> {
     let mut out = BTreeMap::new();
     let Some(n) = top.get("tools") else {
         return out;
@@ -135,7 +145,7 @@ pub(super) fn decode_tools(top: &Obj<'_>, d: &mut Diagnostics) -> BTreeMap<Strin
             continue;
         };
         let path = crate::decode::join("tools", &name);
-        if let Some(t) = decode_tool(&name, &path, &k.span, v, d) {
+        if let Some(t) = decode_tool(&name, &path, &k.span, v, (unset, secrets), d) {
             out.insert(name, t);
         }
     }
@@ -147,6 +157,7 @@ fn decode_tool(
     path: &str,
     key_span: &Span,
     n: &yaml::Node,
+    secrets: (&Unset, &mut Vec<UnsetSecret>),
     d: &mut Diagnostics,
 ) -> Option<DeclaredTool> {
     check_tool_name(name, key_span, path, d);
@@ -162,7 +173,9 @@ fn decode_tool(
         _ => ApprovalRule::None,
     };
     let run = match (o.get("webhook"), o.get("shell")) {
-        (Some(w), None) => decode_webhook(w, &o.path_of("webhook"), d).map(ToolRun::Webhook),
+        (Some(w), None) => {
+            decode_webhook(w, &o.path_of("webhook"), secrets, d).map(ToolRun::Webhook)
+        }
         (None, Some(s)) => decode_shell(s, &o.path_of("shell"), d).map(ToolRun::Shell),
         (Some(_), Some(_)) => {
             d.error_hint(
@@ -250,8 +263,22 @@ fn decode_parameters(o: &Obj<'_>, d: &mut Diagnostics) -> Option<Value> {
     Some(schema)
 }
 
-fn decode_webhook(n: &yaml::Node, path: &str, d: &mut Diagnostics) -> Option<WebhookTool> {
+fn decode_webhook(
+    n: &yaml::Node,
+    path: &str,
+    (unset, secrets): (&Unset, &mut Vec<UnsetSecret>),
+    d: &mut Diagnostics,
+) -> Option<WebhookTool> {
     let o = Obj::new(n, path, &["url", "headers", "timeout_seconds"], &[], d)?;
+    for (k, v) in o.get("headers").and_then(yaml::Node::as_map).unwrap_or(&[]) {
+        if let (Some(name), Some(var)) = (k.scalar_text(), unset.empty_variable_at(&v.span)) {
+            secrets.push(UnsetSecret {
+                key: crate::decode::join(&o.path_of("headers"), &name),
+                variable: var.to_string(),
+                span: v.span.clone(),
+            });
+        }
+    }
     let url = o.req_str(d, "url")?;
     if reqwest::Url::parse(&url).is_err() {
         let at = o.get("url").map_or(o.span(), |u| &u.span);
@@ -716,6 +743,20 @@ tools:
             "  t:\n    descripton: d\n    parameters: {type: object}\n    webhook: {url: \"http://x\"}\n",
             "did you mean `description`?",
         );
+    }
+
+    #[test]
+    fn a_webhook_header_from_an_unset_variable_fails_closed() {
+        let c = load(
+            "tools:\n  t:\n    description: d\n    parameters: {type: object}\n    webhook:\n      url: \"http://x\"\n      headers: {Authorization: \"Bearer ${VECTORSTEP_TEST_UNSET_TOOL_TOKEN}\", X-Opt: \"${VECTORSTEP_TEST_UNSET_OPT:-}\"}\n",
+        )
+        .unwrap();
+        assert_eq!(c.unset_secrets.len(), 1, "{:?}", c.unset_secrets);
+        let s = &c.unset_secrets[0];
+        assert_eq!(s.key, "tools.t.webhook.headers.Authorization");
+        assert_eq!(s.variable, "VECTORSTEP_TEST_UNSET_TOOL_TOKEN");
+        assert_eq!((s.span.line, s.span.col), (7, 32));
+        assert!(c.require_secrets().is_err());
     }
 
     #[test]
