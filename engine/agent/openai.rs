@@ -49,6 +49,29 @@ impl From<&DeclaredTool> for ToolSpec {
     }
 }
 
+/// The built-in `delegate` tool of an agent with `delegates` (SPEC 10): ask one of
+/// them a question, with optional context. Its schema limits `agent` to the
+/// delegates, so a model naming another agent is answered by the argument check.
+pub fn delegate_tool(delegates: &[String]) -> ToolSpec {
+    ToolSpec {
+        name: crate::config::DELEGATE_TOOL.to_string(),
+        description: format!(
+            "Ask another agent a question and get its answer. Agents: {}.",
+            delegates.join(", ")
+        ),
+        parameters: json!({
+            "type": "object",
+            "properties": {
+                "agent": {"type": "string", "enum": delegates, "description": "who to ask"},
+                "question": {"type": "string", "minLength": 1},
+                "context": {"type": "string", "description": "what the agent should know"},
+            },
+            "required": ["agent", "question"],
+            "additionalProperties": false,
+        }),
+    }
+}
+
 /// The opening messages of an agent step: its system prompt and the rendered prompt.
 pub fn first_messages(agent: &Agent, prompt: &str) -> Vec<Value> {
     vec![
@@ -268,6 +291,24 @@ mod tests {
             description: "Restart one deployment".into(),
             parameters: json!({"type": "object", "properties": {"service": {"type": "string"}}}),
         }
+    }
+
+    #[test]
+    fn the_delegate_tool_names_its_agents() {
+        let t = delegate_tool(&["log-analyst".into(), "metrics-analyst".into()]);
+        assert_eq!(t.name, "delegate");
+        crate::agent::schema::check_parameters(&t.parameters).unwrap();
+        let ok = json!({"agent": "log-analyst", "question": "why 500s?"});
+        assert_eq!(crate::agent::schema::validate(&t.parameters, &ok), Ok(()));
+        let err = crate::agent::schema::validate(
+            &t.parameters,
+            &json!({"agent": "sre-investigator", "question": "x"}),
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with("argument `agent`: \"sre-investigator\" is not one of"),
+            "{err}"
+        );
     }
 
     #[test]
