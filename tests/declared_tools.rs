@@ -228,6 +228,29 @@ async fn shell_metacharacters_in_an_argument_stay_one_literal_argv_entry() {
 }
 
 #[tokio::test]
+async fn an_argument_a_command_prints_but_the_model_left_out_is_told_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = shell_config(dir.path());
+    // The schema allows it (no `required`), the template needs it.
+    if let Some(t) = c.tools.get_mut("restart_service") {
+        t.parameters = json!({"type": "object"});
+    }
+
+    let out = call(&c, "restart_service", json!({}), KEY, 1)
+        .await
+        .unwrap();
+
+    assert!(out.failed);
+    assert!(
+        out.text
+            .starts_with("cannot run `restart_service`: cannot render `command[2]`"),
+        "{}",
+        out.text
+    );
+    assert!(!dir.path().join("argv.txt").exists(), "the command ran");
+}
+
+#[tokio::test]
 async fn a_failing_command_is_a_failed_result_with_its_stderr() {
     let dir = tempfile::tempdir().unwrap();
     let c = shell_config(dir.path());

@@ -40,7 +40,8 @@ pub struct CallIdentity<'a> {
 pub struct ToolOutput {
     pub text: String,
     /// The tool ran and reported failure (non-2xx, non-zero exit), or the
-    /// arguments were refused before it ran.
+    /// arguments were refused before it ran (schema, or an argument a command
+    /// prints that was not given).
     pub failed: bool,
 }
 
@@ -65,8 +66,8 @@ pub enum Error {
     /// a timeout, a program that cannot be started. Another attempt may work.
     #[error("tool `{tool}`: {message}")]
     Transport { tool: String, message: String },
-    /// The tool cannot work as configured (an argv template that fails to render,
-    /// a header value that is not one): another attempt fails the same way.
+    /// The tool cannot work as configured (a header name or value that is not
+    /// one): another attempt fails the same way.
     #[error("tool `{tool}`: {message}")]
     Config { tool: String, message: String },
     /// A shell tool ran past its timeout and was killed with its process group.
@@ -158,10 +159,12 @@ async fn run_shell(
     arguments: &Value,
     id: CallIdentity<'_>,
 ) -> Result<ToolOutput, Error> {
-    let argv = render_argv(&s.command, arguments).map_err(|message| Error::Config {
-        tool: name.to_string(),
-        message,
-    })?;
+    // The templates compiled at load, so what fails here is the arguments (one
+    // printed but not given): the model can fix that, so it is told.
+    let argv = match render_argv(&s.command, arguments) {
+        Ok(argv) => argv,
+        Err(e) => return Ok(ToolOutput::failed(format!("cannot run `{name}`: {e}"))),
+    };
     let envs = [
         (
             "VECTORSTEP_IDEMPOTENCY_KEY".to_string(),
