@@ -340,7 +340,7 @@ pub(super) fn decode(
         c.agents = m;
     }
     c.tools = tools::decode_tools(&top, unset, &mut c.unset_secrets, d);
-    tools::check_references(&c.agents, &delegate_spans.into_inner(), &c.tools, d);
+    tools::check_references(&top, &c.agents, &delegate_spans.into_inner(), d);
     for (name, agent) in &c.agents {
         if !c.providers.contains_key(&agent.provider) {
             let node = top.get("agents").and_then(|a| a.get(name)).unwrap_or(root);

@@ -450,20 +450,25 @@ fn decode_tool_list(n: &yaml::Node, path: &str, d: &mut Diagnostics) -> Vec<Agen
 }
 
 /// Every agent's declared tools and delegates refer to something that exists.
+///
+/// A tool or agent written in the file but invalid (already reported) still
+/// counts as existing here, so one mistake is not reported twice.
 pub(super) fn check_references(
+    top: &Obj<'_>,
     agents: &BTreeMap<String, Agent>,
     delegate_spans: &BTreeMap<String, Vec<(String, Span)>>,
-    tools: &BTreeMap<String, DeclaredTool>,
     d: &mut Diagnostics,
 ) {
+    let tools = written_names(top, "tools");
+    let agent_names = written_names(top, "agents");
     for (name, agent) in agents {
         let mut seen: BTreeSet<String> = BTreeSet::new();
         for (i, t) in agent.tools.iter().enumerate() {
             let path = format!("agents.{name}.tools[{i}]");
             let (key, span) = match t {
                 AgentTool::Declared { name: tool, span } => {
-                    if !tools.contains_key(tool) {
-                        unknown(d, span, &path, "tool", tool, tools.keys(), "`tools:`");
+                    if !tools.contains(tool) {
+                        unknown(d, span, &path, "tool", tool, tools.iter(), "`tools:`");
                     }
                     (tool.clone(), span)
                 }
@@ -483,19 +488,29 @@ pub(super) fn check_references(
                     format!("agent `{name}` delegates to itself"),
                     "a delegate is another agent that answers a sub-question",
                 );
-            } else if !agents.contains_key(delegate) {
+            } else if !agent_names.contains(delegate) {
                 unknown(
                     d,
                     span,
                     &path,
                     "agent",
                     delegate,
-                    agents.keys(),
+                    agent_names.iter(),
                     "`agents:`",
                 );
             }
         }
     }
+}
+
+/// The keys written under the top-level mapping `key`, valid or not.
+fn written_names(top: &Obj<'_>, key: &str) -> BTreeSet<String> {
+    top.get(key)
+        .and_then(yaml::Node::as_map)
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(|(k, _)| k.scalar_text())
+        .collect()
 }
 
 fn unknown<'a>(

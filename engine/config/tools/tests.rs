@@ -117,6 +117,17 @@ fn mistakes_are_reported_with_their_line() {
         "agents:\n  a: {provider: local, model: m, delegates: [a]}\n",
         "config.yaml:15:46: error: agents.a.delegates[0]: agent `a` delegates to itself",
     );
+    // An invalid tool or agent is reported once, not again where it is used.
+    let text = format!(
+        "{BASE}  broken: {{description: d, parameters: {{type: object}}}}\nagents:\n  a: {{provider: local, model: m, tools: [broken], delegates: [b]}}\n  b: {{provider: local}}\n"
+    );
+    let got = load(&text).unwrap_err();
+    assert_eq!(got.matches("error:").count(), 2, "{got}");
+    assert!(got.contains("tool `broken` has neither"), "{got}");
+    assert!(
+        got.contains("agents.b: missing required field `model`"),
+        "{got}"
+    );
     check(
         "agents:\n  a: {provider: local, model: m, delegates: [log-analyst]}\n",
         "agents.a.delegates[0]: unknown agent `log-analyst`",
