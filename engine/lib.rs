@@ -19,6 +19,9 @@
 //!   reads files; runs nothing.
 //! - [`run`]: pure run logic (output contract, flow decisions, template context,
 //!   resume planner); no store calls, no clock, no network.
+//! - [`agent`]: the edges of tool-using agents: tool argument schemas, declared
+//!   webhook and shell tools, OpenAI `tools`/`tool_calls` shapes, the scripted
+//!   provider; imports neither `runner` nor `store`.
 //! - [`executor`]: one file per executor kind behind the `Executor` trait; touches no
 //!   store, decides no run status.
 //! - [`runner`]: the driver that performs what `run` decides (steps, groups,
@@ -40,6 +43,7 @@
 //! The `vectorstep` binary (`engine/main.rs`, `engine/cli/`) parses arguments and
 //! maps errors to exit codes with `anyhow`; it holds no logic the library lacks.
 
+pub mod agent;
 pub mod clock;
 pub mod config;
 pub mod decode;

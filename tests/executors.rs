@@ -181,6 +181,7 @@ fn agent_config(base_url: &str) -> Config {
             base_url: format!("{base_url}/"),
             api_key: Some("sk-test".into()),
             timeout_seconds: 5.0,
+            kind: Default::default(),
         },
     );
     c.agents.insert(
@@ -191,6 +192,10 @@ fn agent_config(base_url: &str) -> Config {
             system_prompt: "You are an SRE.".into(),
             temperature: Some(0.1),
             max_tokens: Some(800),
+            tools: Vec::new(),
+            delegates: Vec::new(),
+            max_turns: 10,
+            approval_timeout_seconds: 900,
         },
     );
     c.pricing.insert(

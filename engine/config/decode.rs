@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use super::tools;
 use super::*;
 use crate::decode::Obj;
 use crate::diag::{Diagnostics, Span};
@@ -23,7 +24,7 @@ impl Unset {
     }
 
     /// The first `${VAR}` without a default that expanded empty inside the node at `span`.
-    fn empty_variable_at(&self, span: &Span) -> Option<&str> {
+    pub(super) fn empty_variable_at(&self, span: &Span) -> Option<&str> {
         self.by_node
             .iter()
             .find(|(s, _)| s == span)
@@ -110,6 +111,7 @@ const TOP_KEYS: &[&str] = &[
     "auth",
     "providers",
     "agents",
+    "tools",
     "pricing",
     "notifications",
     "human_approval",
@@ -274,10 +276,14 @@ pub(super) fn decode(
     if let Some(m) = decode_named(
         &top,
         "providers",
-        &["base_url", "api_key", "timeout_seconds"],
+        &["kind", "base_url", "api_key", "timeout_seconds", "script"],
         d,
         |o, d| {
-            let base_url = o.req_str(d, "base_url")?;
+            let kind = decode_provider_kind(o, base, d)?;
+            let base_url = match kind {
+                ProviderKind::OpenAi => o.req_str(d, "base_url")?,
+                ProviderKind::Scripted { .. } => o.str(d, "base_url").unwrap_or_default(),
+            };
             Some(Provider {
                 base_url,
                 api_key: Some(secret(
@@ -289,6 +295,7 @@ pub(super) fn decode(
                 ))
                 .filter(|k| !k.is_empty()),
                 timeout_seconds: o.seconds(d, "timeout_seconds").unwrap_or(120.0),
+                kind,
             })
         },
     ) {
@@ -301,20 +308,39 @@ pub(super) fn decode(
         "system_prompt",
         "temperature",
         "max_tokens",
+        "tools",
+        "delegates",
+        "max_turns",
+        "approval_timeout_seconds",
     ];
+    let delegate_spans = std::cell::RefCell::new(BTreeMap::new());
     if let Some(m) = decode_named(&top, "agents", &agent_keys, d, |o, d| {
+        let settings = tools::decode_agent_tools(o, d);
         let provider = o.req_str(d, "provider")?;
         let model = o.req_str(d, "model")?;
+        let name = o
+            .path
+            .strip_prefix("agents.")
+            .unwrap_or(&o.path)
+            .to_string();
+        let delegates = settings.delegates.iter().map(|(n, _)| n.clone()).collect();
+        delegate_spans.borrow_mut().insert(name, settings.delegates);
         Some(Agent {
             provider,
             model,
             system_prompt: o.str(d, "system_prompt").unwrap_or_default(),
             temperature: o.f64(d, "temperature"),
             max_tokens: o.u64(d, "max_tokens"),
+            tools: settings.tools,
+            delegates,
+            max_turns: settings.max_turns,
+            approval_timeout_seconds: settings.approval_timeout_seconds,
         })
     }) {
         c.agents = m;
     }
+    c.tools = tools::decode_tools(&top, unset, &mut c.unset_secrets, d);
+    tools::check_references(&top, &c.agents, &delegate_spans.into_inner(), d);
     for (name, agent) in &c.agents {
         if !c.providers.contains_key(&agent.provider) {
             let node = top.get("agents").and_then(|a| a.get(name)).unwrap_or(root);
@@ -401,6 +427,37 @@ pub(super) fn decode(
         }
     }
     Some(c)
+}
+
+/// `kind: openai` (the default) or `kind: scripted` with `script: PATH`.
+fn decode_provider_kind(o: &Obj<'_>, base: &Path, d: &mut Diagnostics) -> Option<ProviderKind> {
+    let kind = o
+        .choice(d, "kind", &["openai", "scripted"])
+        .unwrap_or_else(|| "openai".into());
+    if kind == "openai" {
+        if let Some(n) = o.get("script") {
+            d.error_hint(
+                &n.span,
+                &o.path_of("script"),
+                "`script` belongs to a scripted provider",
+                "add `kind: scripted`, or remove `script`",
+            );
+        }
+        return Some(ProviderKind::OpenAi);
+    }
+    if !o.has("script") {
+        d.error_hint(
+            o.span(),
+            &o.path,
+            "missing required field `script`",
+            "a scripted provider replays a YAML file, e.g. `script: ./samples/agents/demo-script.yaml`",
+        );
+        return None;
+    }
+    let script = o.str(d, "script")?;
+    Some(ProviderKind::Scripted {
+        script: resolve(base, script),
+    })
 }
 
 fn decode_route(n: &yaml::Node, path: &str, d: &mut Diagnostics) -> Option<ApprovalRoute> {

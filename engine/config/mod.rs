@@ -14,7 +14,12 @@ use crate::diag::{Diagnostics, Span};
 use crate::yaml;
 
 mod decode;
+mod tools;
 use decode::{decode, expand_tree};
+pub use tools::{
+    check_mcp_refs, AgentTool, ApprovalRule, DeclaredTool, Effect, ShellTool, ToolRun, WebhookTool,
+    DEFAULT_APPROVAL_TIMEOUT_SECONDS, DEFAULT_MAX_TURNS, DELEGATE_TOOL,
+};
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -41,6 +46,8 @@ pub struct Config {
     pub unset_secrets: Vec<UnsetSecret>,
     pub providers: BTreeMap<String, Provider>,
     pub agents: BTreeMap<String, Agent>,
+    /// Declared tools (`tools:`), usable by any agent that lists them (SPEC 10).
+    pub tools: BTreeMap<String, DeclaredTool>,
     pub pricing: BTreeMap<String, Price>,
     pub telegram: Option<Telegram>,
     /// `notifications.max_age_seconds`: how long an undelivered notification is
@@ -98,9 +105,22 @@ pub struct TeamToken {
 
 #[derive(Debug, Clone)]
 pub struct Provider {
+    /// Empty for a scripted provider, which calls nothing.
     pub base_url: String,
     pub api_key: Option<String>,
     pub timeout_seconds: f64,
+    pub kind: ProviderKind,
+}
+
+/// What answers an agent's turns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ProviderKind {
+    /// An OpenAI-compatible chat completions API at `base_url` (the default).
+    #[default]
+    OpenAi,
+    /// Replays the turns of a YAML script (`script:`, resolved against the config
+    /// file's folder): offline demos and `vectorstep test` (SPEC 10).
+    Scripted { script: PathBuf },
 }
 
 #[derive(Debug, Clone)]
@@ -110,6 +130,15 @@ pub struct Agent {
     pub system_prompt: String,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u64>,
+    /// Declared tool names and MCP servers, in the order written (SPEC 10).
+    pub tools: Vec<AgentTool>,
+    /// Agents the built-in `delegate` tool may ask; checked to exist, never itself.
+    pub delegates: Vec<String>,
+    /// The loop ends after this many turns (the last asked for a final answer).
+    pub max_turns: u32,
+    /// How long a tool call with `approval: required` waits for a human before the
+    /// timeout is returned to the model as the tool's result.
+    pub approval_timeout_seconds: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -181,6 +210,7 @@ impl Default for Config {
             unset_secrets: Vec::new(),
             providers: BTreeMap::new(),
             agents: BTreeMap::new(),
+            tools: BTreeMap::new(),
             pricing: BTreeMap::new(),
             telegram: None,
             notification_max_age_seconds: 24 * 3600,
@@ -323,6 +353,21 @@ impl Config {
             );
         }
         Err(d)
+    }
+
+    /// The declared tools `agent` lists, in its order (its MCP entries are the MCP
+    /// client's). Empty for an unknown agent; names are checked at load.
+    pub fn declared_tools(&self, agent: &str) -> Vec<&DeclaredTool> {
+        let Some(a) = self.agents.get(agent) else {
+            return Vec::new();
+        };
+        a.tools
+            .iter()
+            .filter_map(|t| match t {
+                AgentTool::Declared { name, .. } => self.tools.get(name),
+                AgentTool::Mcp { .. } => None,
+            })
+            .collect()
     }
 
     /// The provider an agent uses, if both are configured.

@@ -319,6 +319,10 @@ mod tests {
             system_prompt: "sys".into(),
             temperature: None,
             max_tokens: Some(100),
+            tools: Vec::new(),
+            delegates: Vec::new(),
+            max_turns: 10,
+            approval_timeout_seconds: 900,
         };
         let body = request_body(&agent, "hi");
         assert_eq!(body["response_format"], json!({"type": "json_object"}));

@@ -43,15 +43,15 @@ pub fn client() -> reqwest::Client {
 
 /// `Idempotency-Key` and `X-Vectorstep-Attempt` for `call`.
 pub fn call_headers(call: &Call<'_>) -> HeaderMap {
+    effect_headers(call.idempotency_key, call.attempt)
+}
+
+/// `Idempotency-Key: key` and `X-Vectorstep-Attempt: attempt`, for any call with
+/// an effect key (a step's, or a tool call's, SPEC 10).
+pub fn effect_headers(key: &str, attempt: u32) -> HeaderMap {
     let mut h = HeaderMap::new();
-    h.insert(
-        HeaderName::from_static(IDEMPOTENCY_KEY),
-        header_value(call.idempotency_key),
-    );
-    h.insert(
-        HeaderName::from_static(ATTEMPT),
-        HeaderValue::from(call.attempt),
-    );
+    h.insert(HeaderName::from_static(IDEMPOTENCY_KEY), header_value(key));
+    h.insert(HeaderName::from_static(ATTEMPT), HeaderValue::from(attempt));
     h
 }
 

@@ -47,7 +47,42 @@ async fn run(call: Call<'_>) -> Result<Outcome, Error> {
         return Err(super::wrong_config(&call, "shell"));
     };
     let argv = argv(&call, cfg)?;
-    let program = argv[0].clone();
+    let mut envs = env(cfg);
+    envs.extend([
+        (
+            "VECTORSTEP_IDEMPOTENCY_KEY".to_string(),
+            call.idempotency_key.to_string(),
+        ),
+        ("VECTORSTEP_ATTEMPT".to_string(), call.attempt.to_string()),
+        ("VECTORSTEP_RUN_ID".to_string(), call.run_id.to_string()),
+        ("VECTORSTEP_STEP".to_string(), call.step_path.to_string()),
+    ]);
+    let done = run_argv(&argv, &envs, cwd(cfg)?, call.timeout).await?;
+    interpret(done.status, &done.stdout, &done.stderr)
+}
+
+/// What a finished command left behind: its exit status and both streams, each
+/// capped at [`MAX_OUTPUT_BYTES`].
+#[derive(Debug)]
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: Captured,
+    pub stderr: Captured,
+}
+
+/// Runs `argv` (program first) without a shell, in its own process group, with
+/// `envs` added to the service's environment. On `timeout`, or when the future is
+/// dropped, the whole group is killed. Also used by declared shell tools
+/// (`agent::declared`), so both kill and cap the same way.
+pub async fn run_argv(
+    argv: &[String],
+    envs: &[(String, String)],
+    cwd: Option<String>,
+    timeout: Option<Duration>,
+) -> Result<Finished, Error> {
+    let Some(program) = argv.first().cloned() else {
+        return Err(Error::Config("the argv list is empty".into()));
+    };
     let mut cmd = Command::new(&program);
     cmd.args(&argv[1..])
         .stdin(Stdio::null())
@@ -55,19 +90,15 @@ async fn run(call: Call<'_>) -> Result<Outcome, Error> {
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true)
-        .envs(env(cfg))
-        .env("VECTORSTEP_IDEMPOTENCY_KEY", call.idempotency_key)
-        .env("VECTORSTEP_ATTEMPT", call.attempt.to_string())
-        .env("VECTORSTEP_RUN_ID", call.run_id)
-        .env("VECTORSTEP_STEP", call.step_path);
-    if let Some(dir) = cwd(cfg)? {
+        .envs(envs.iter().map(|(k, v)| (k, v)));
+    if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
     let child = cmd
         .spawn()
         .map_err(|e| Error::Transport(format!("cannot start `{program}`: {e}")))?;
     let mut group = Group::new(child);
-    let (status, stdout, stderr) = match call.timeout {
+    let (status, stdout, stderr) = match timeout {
         Some(limit) => match tokio::time::timeout(limit, group.collect()).await {
             Ok(r) => r,
             Err(_) => {
@@ -81,7 +112,11 @@ async fn run(call: Call<'_>) -> Result<Outcome, Error> {
         None => group.collect().await,
     }
     .map_err(|e| Error::Transport(format!("cannot wait for `{program}`: {e}")))?;
-    interpret(status, &stdout, &stderr)
+    Ok(Finished {
+        status,
+        stdout,
+        stderr,
+    })
 }
 
 /// Turns what the command printed into the step's outcome.
@@ -262,9 +297,10 @@ impl Drop for Group {
 
 /// One output stream, capped at [`MAX_OUTPUT_BYTES`].
 #[derive(Debug, Default)]
-struct Captured {
-    bytes: Vec<u8>,
-    truncated: bool,
+pub struct Captured {
+    pub bytes: Vec<u8>,
+    /// More was written than kept.
+    pub truncated: bool,
 }
 
 impl Captured {
