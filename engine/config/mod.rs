@@ -14,7 +14,9 @@ use crate::diag::{Diagnostics, Span};
 use crate::yaml;
 
 mod decode;
+mod mcp;
 use decode::{decode, expand_tree};
+pub use mcp::{McpServer, McpTransport, ToolApproval, ToolEffect};
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -49,6 +51,8 @@ pub struct Config {
     pub human_approval: HumanApproval,
     pub logging: Logging,
     pub retention_days: u64,
+    /// `mcp_servers`: the MCP servers agents may use, by name (SPEC 10).
+    pub mcp_servers: BTreeMap<String, McpServer>,
 }
 
 #[derive(Debug, Clone)]
@@ -195,6 +199,7 @@ impl Default for Config {
                 json: false,
             },
             retention_days: 30,
+            mcp_servers: BTreeMap::new(),
         }
     }
 }
