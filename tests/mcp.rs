@@ -62,7 +62,11 @@ fn stdio(record: &Record, env: &[(&str, &str)], timeout_seconds: f64) -> McpServ
     vars.insert("MCP_RECORD".into(), record.0.display().to_string());
     McpServer {
         transport: McpTransport::Stdio {
-            command: vec!["python3".into(), fixture("stdio_server.py"), "--flag".into()],
+            command: vec![
+                "python3".into(),
+                fixture("stdio_server.py"),
+                "--flag".into(),
+            ],
             env: vars,
         },
         timeout_seconds,
@@ -125,16 +129,31 @@ async fn stdio_tools_are_listed_with_their_read_only_flag_and_called_with_meta()
     let servers = registry(&[("k8s", stdio(&record, &env, 20.0))]);
 
     let tools = servers.list_tools("k8s").await.unwrap();
-    let flags: Vec<(&str, bool)> = tools.iter().map(|t| (t.name.as_str(), t.read_only)).collect();
+    let flags: Vec<(&str, bool)> = tools
+        .iter()
+        .map(|t| (t.name.as_str(), t.read_only))
+        .collect();
     assert_eq!(
         flags,
-        [("echo", true), ("restart", false), ("fail", false), ("sleep", true), ("die", false)]
+        [
+            ("echo", true),
+            ("restart", false),
+            ("fail", false),
+            ("sleep", true),
+            ("die", false)
+        ]
     );
     assert_eq!(tools[1].description, "Restart a service");
     assert_eq!(tools[1].input_schema["required"], json!(["service"]));
 
     let r = servers
-        .call_tool("k8s", "restart", args(json!({"service": "api"})), "run1:fix:1:2:1", 2)
+        .call_tool(
+            "k8s",
+            "restart",
+            args(json!({"service": "api"})),
+            "run1:fix:1:2:1",
+            2,
+        )
         .await
         .unwrap();
     assert_eq!(r.content_text, "restarted api");
@@ -199,13 +218,24 @@ async fn concurrent_first_users_share_one_session() {
             tokio::spawn(async move {
                 let text = format!("t{i}");
                 servers
-                    .call_tool("k8s", "echo", args(json!({"text": text})), &format!("k:{i}"), 1)
+                    .call_tool(
+                        "k8s",
+                        "echo",
+                        args(json!({"text": text})),
+                        &format!("k:{i}"),
+                        1,
+                    )
                     .await
             })
         })
         .collect();
     for t in tasks {
-        assert!(t.await.unwrap().unwrap().content_text.starts_with("echo: t"));
+        assert!(t
+            .await
+            .unwrap()
+            .unwrap()
+            .content_text
+            .starts_with("echo: t"));
     }
     assert_eq!(record.of("start").len(), 1);
     assert_eq!(record.of("initialize").len(), 1);
@@ -234,7 +264,10 @@ async fn a_timeout_kills_the_process_group_and_the_next_call_starts_it_again() {
 
     let server = pid_of(&record.of("start")[0]);
     let grandchild = record.of("grandchild")[0]["child"].as_i64().unwrap() as i32;
-    assert!(gone_within(server, Duration::from_secs(5)), "server {server} still runs");
+    assert!(
+        gone_within(server, Duration::from_secs(5)),
+        "server {server} still runs"
+    );
     assert!(
         gone_within(grandchild, Duration::from_secs(5)),
         "grandchild {grandchild} of the group still runs"
@@ -262,7 +295,11 @@ async fn a_server_that_died_is_started_again_on_the_next_use() {
         .unwrap_err();
     assert!(matches!(e, Error::Protocol { .. }), "{e:?}");
     assert!(e.is_retriable());
-    assert!(e.to_string().starts_with("MCP server `k8s`: tools/call `die` failed: "), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("MCP server `k8s`: tools/call `die` failed: "),
+        "{e}"
+    );
 
     let r = servers
         .call_tool("k8s", "echo", args(json!({"text": "back"})), "k:2", 1)
@@ -280,7 +317,10 @@ async fn a_server_that_died_is_started_again_on_the_next_use() {
     assert!(gone_within(second, Duration::from_secs(5)));
     let until = Instant::now() + Duration::from_secs(10);
     let r = loop {
-        match servers.call_tool("k8s", "echo", args(json!({"text": "third"})), "k:3", 1).await {
+        match servers
+            .call_tool("k8s", "echo", args(json!({"text": "third"})), "k:3", 1)
+            .await
+        {
             Ok(r) => break r,
             // The kill may land before the session saw its stdout close: that
             // one call fails and drops the session, the next connects again.
@@ -315,7 +355,10 @@ async fn a_server_that_cannot_start_is_a_connect_error() {
         "{e}"
     );
     let e = servers.list_tools("k9s").await.unwrap_err();
-    assert_eq!(e.to_string(), "MCP server `k9s` is not configured (known: broken)");
+    assert_eq!(
+        e.to_string(),
+        "MCP server `k9s` is not configured (known: broken)"
+    );
 }
 
 /// The streamable-HTTP fixture, killed when dropped.
@@ -342,7 +385,9 @@ fn http_server(record: &Record, expect_auth: &str) -> HttpServer {
         .unwrap();
     let stdout = child.stdout.take().unwrap();
     let mut line = String::new();
-    std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .unwrap();
     let port: u16 = line.trim().parse().unwrap();
     HttpServer {
         child,
@@ -372,7 +417,10 @@ async fn http_sessions_send_the_configured_headers_and_carry_meta() {
     let peer = http_server(&record, "Bearer s3cret");
     let servers = registry(&[(
         "grafana",
-        http(&peer.url, &[("Authorization", "Bearer s3cret"), ("X-Team", "sre")]),
+        http(
+            &peer.url,
+            &[("Authorization", "Bearer s3cret"), ("X-Team", "sre")],
+        ),
     )]);
 
     let tools = servers.list_tools("grafana").await.unwrap();
@@ -381,12 +429,24 @@ async fn http_sessions_send_the_configured_headers_and_carry_meta() {
 
     // `echo` is answered as an SSE stream, `restart` and `fail` as JSON.
     let r = servers
-        .call_tool("grafana", "echo", args(json!({"text": "sse"})), "run9:s:1:1:1", 1)
+        .call_tool(
+            "grafana",
+            "echo",
+            args(json!({"text": "sse"})),
+            "run9:s:1:1:1",
+            1,
+        )
         .await
         .unwrap();
     assert_eq!(r.content_text, "echo: sse\ndone");
     let r = servers
-        .call_tool("grafana", "restart", args(json!({"service": "db"})), "run9:s:1:1:2", 3)
+        .call_tool(
+            "grafana",
+            "restart",
+            args(json!({"service": "db"})),
+            "run9:s:1:1:2",
+            3,
+        )
         .await
         .unwrap();
     assert_eq!(r.content_text, "restarted db");
@@ -412,7 +472,9 @@ async fn http_sessions_send_the_configured_headers_and_carry_meta() {
         assert_eq!(p["custom"], "sre", "{p}");
     }
     // Every request after `initialize` belongs to its session.
-    assert!(posts[1..].iter().all(|p| p["session"] == posts[1]["session"] && !p["session"].is_null()));
+    assert!(posts[1..]
+        .iter()
+        .all(|p| p["session"] == posts[1]["session"] && !p["session"].is_null()));
     servers.shutdown().await;
 }
 
@@ -421,10 +483,17 @@ async fn a_refused_http_credential_is_a_connect_error() {
     let dir = tempfile::tempdir().unwrap();
     let record = Record::new(&dir);
     let peer = http_server(&record, "Bearer right");
-    let servers = registry(&[("grafana", http(&peer.url, &[("Authorization", "Bearer wrong")]))]);
+    let servers = registry(&[(
+        "grafana",
+        http(&peer.url, &[("Authorization", "Bearer wrong")]),
+    )]);
     let e = servers.list_tools("grafana").await.unwrap_err();
     assert!(matches!(e, Error::Connect { .. }), "{e:?}");
-    assert!(e.to_string().starts_with("MCP server `grafana`: cannot connect for tools/list:"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("MCP server `grafana`: cannot connect for tools/list:"),
+        "{e}"
+    );
     assert_eq!(record.of("initialize").len(), 0);
 }
 
@@ -452,7 +521,12 @@ fn sigkill_of_the_parent_kills_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let record = Record::new(&dir);
     let mut parent = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "sigkill_of_the_parent_kills_the_server", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "sigkill_of_the_parent_kills_the_server",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(PARENT_ROLE, &record.0)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -469,10 +543,65 @@ fn sigkill_of_the_parent_kills_the_server() {
     let server = pid_of(&starts[0]);
     assert!(running(server));
     parent.kill().unwrap(); // SIGKILL
-    // The server saw its stdin close and lingers; only PR_SET_PDEATHSIG ends it.
+                            // The server saw its stdin close and lingers; only PR_SET_PDEATHSIG ends it.
     parent.wait().unwrap();
     assert!(
         gone_within(server, Duration::from_secs(5)),
         "server {server} outlived its parent"
     );
+}
+
+/// A log sink for one test: what the service log would have received.
+#[derive(Clone, Default)]
+struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Capture {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn the_server_stderr_goes_to_the_service_log_line_by_line() {
+    let capture = Capture::default();
+    let sink = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    // The global default, not a scoped one: tracing caches per call site whether
+    // anyone listens, and the other tests of this binary hit the same call sites
+    // from their threads. Their lines land here too; ours are told by the name.
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let record = Record::new(&dir);
+    let servers = registry(&[("stderr-check", stdio(&record, &[], 20.0))]);
+    servers.list_tools("stderr-check").await.unwrap();
+    let ours = |log: &str| {
+        log.lines()
+            .find(|l| l.contains("server=stderr-check ") && l.contains("stdio test server ready"))
+            .map(str::to_string)
+    };
+    let until = Instant::now() + Duration::from_secs(20);
+    while ours(&capture.text()).is_none() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = capture.text();
+    let line = ours(&log).unwrap_or_else(|| panic!("no stderr line in the log:\n{log}"));
+    let pid = pid_of(&record.of("start")[0]);
+    assert!(
+        line.contains("MCP server stderr.") && line.contains(&format!("pid={pid}")),
+        "{line}"
+    );
+    servers.shutdown().await;
 }

@@ -189,7 +189,12 @@ fn secret_map(
     if let Some(n) = o.get(key) {
         for (k, v) in n.as_map().unwrap_or_default() {
             if let Some(name) = k.scalar_text() {
-                secret_in(v, &crate::decode::join(&o.path_of(key), &name), unset, secrets);
+                secret_in(
+                    v,
+                    &crate::decode::join(&o.path_of(key), &name),
+                    unset,
+                    secrets,
+                );
             }
         }
     }
@@ -282,14 +287,26 @@ mod tests {
             "mcp_servers:\n  k8s: {command: [x], timeout_secs: 3}\n",
             ":2:23: error: mcp_servers.k8s: unknown key `timeout_secs`",
         );
-        check("mcp_servers:\n  k8s: {command: [x], timeout_secs: 3}\n", "did you mean `timeout_seconds`?");
-        check("mcp_servers:\n  k8s: {env: {A: b}}\n", "missing `command` or `url`");
+        check(
+            "mcp_servers:\n  k8s: {command: [x], timeout_secs: 3}\n",
+            "did you mean `timeout_seconds`?",
+        );
+        check(
+            "mcp_servers:\n  k8s: {env: {A: b}}\n",
+            "missing `command` or `url`",
+        );
         check(
             "mcp_servers:\n  k8s: {command: [x], url: \"http://h/mcp\"}\n",
             "`command` and `url` are both set",
         );
-        check("mcp_servers:\n  k8s: {command: []}\n", "needs at least the program");
-        check("mcp_servers:\n  g: {url: \"ftp://h\"}\n", "is not an http:// or https:// URL");
+        check(
+            "mcp_servers:\n  k8s: {command: []}\n",
+            "needs at least the program",
+        );
+        check(
+            "mcp_servers:\n  g: {url: \"ftp://h\"}\n",
+            "is not an http:// or https:// URL",
+        );
         check(
             "mcp_servers:\n  g: {url: \"http://h\", effects: {x: readonly}}\n",
             ":2:37: error: mcp_servers.g.effects.x: unknown value `readonly`",
@@ -298,7 +315,10 @@ mod tests {
             "mcp_servers:\n  g: {url: \"http://h\", approval: {x: maybe}}\n",
             "one of: required, none",
         );
-        check("mcp_servers:\n  g: {url: \"http://h\", timeout_seconds: 0}\n", "must be more than 0 seconds");
+        check(
+            "mcp_servers:\n  g: {url: \"http://h\", timeout_seconds: 0}\n",
+            "must be more than 0 seconds",
+        );
     }
 
     #[test]

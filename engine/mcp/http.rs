@@ -60,7 +60,9 @@ fn with_headers(
     }
     for (name, value) in custom {
         if RESERVED.contains(&name.as_str()) {
-            return Err(StreamableHttpError::ReservedHeaderConflict(name.to_string()));
+            return Err(StreamableHttpError::ReservedHeaderConflict(
+                name.to_string(),
+            ));
         }
         request = request.header(name, value);
     }
@@ -264,7 +266,9 @@ impl StreamableHttpClient for Reqwest12 {
         );
         if !status.is_success() {
             let by_status = status_error(status, response.headers());
-            if let Some(e) = by_status.filter(|_| !is_json || status == StatusCode::TOO_MANY_REQUESTS) {
+            if let Some(e) =
+                by_status.filter(|_| !is_json || status == StatusCode::TOO_MANY_REQUESTS)
+            {
                 return Err(e.into());
             }
             let by_status = status_error(status, response.headers());
@@ -292,9 +296,12 @@ impl StreamableHttpClient for Reqwest12 {
             return Ok(StreamableHttpPostResponse::Accepted);
         }
         match content_type.as_deref() {
-            Some(ct) if media_type_is(ct.as_bytes(), EVENT_STREAM) => Ok(
-                StreamableHttpPostResponse::Sse(sse_body(response, limits.max_sse_event_size), new_session),
-            ),
+            Some(ct) if media_type_is(ct.as_bytes(), EVENT_STREAM) => {
+                Ok(StreamableHttpPostResponse::Sse(
+                    sse_body(response, limits.max_sse_event_size),
+                    new_session,
+                ))
+            }
             Some(ct) if media_type_is(ct.as_bytes(), JSON) => {
                 let body = read_bounded(response, limits.max_json_response_size).await?;
                 match serde_json::from_slice::<ServerJsonRpcMessage>(&body) {
@@ -302,10 +309,12 @@ impl StreamableHttpClient for Reqwest12 {
                     Err(_) if awaits_no_response => Ok(StreamableHttpPostResponse::Accepted),
                     Err(e) => {
                         let n = body.len().min(256);
-                        Err(StreamableHttpError::UnexpectedServerResponse(Cow::Owned(format!(
-                            "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
-                            String::from_utf8_lossy(&body[..n])
-                        ))))
+                        Err(StreamableHttpError::UnexpectedServerResponse(Cow::Owned(
+                            format!(
+                                "could not parse JSON response as ServerJsonRpcMessage: {e}: {}",
+                                String::from_utf8_lossy(&body[..n])
+                            ),
+                        )))
                     }
                 }
             }
@@ -321,7 +330,10 @@ impl StreamableHttpClient for Reqwest12 {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), Failure> {
-        let request = self.0.delete(uri.as_ref()).header(SESSION_ID, session_id.as_ref());
+        let request = self
+            .0
+            .delete(uri.as_ref())
+            .header(SESSION_ID, session_id.as_ref());
         let request = with_headers(request, auth_header, custom_headers)?;
         let response = request.send().await.map_err(client_error)?;
         if response.status() == StatusCode::METHOD_NOT_ALLOWED {

@@ -169,7 +169,13 @@ impl McpServers {
     pub async fn list_tools(&self, server: &str) -> Result<Vec<McpTool>, Error> {
         let (slot, session) = self.session(server, &tools_list()).await?;
         let answer = self
-            .bounded(server, slot, &session, tools_list(), session.peer().list_all_tools())
+            .bounded(
+                server,
+                slot,
+                &session,
+                tools_list(),
+                session.peer().list_all_tools(),
+            )
             .await?;
         Ok(answer.into_iter().map(tool_of).collect())
     }
@@ -191,7 +197,13 @@ impl McpServers {
         params.arguments = Some(arguments);
         params.meta = Some(RequestMetaObject::from(call_meta(effect_key, attempt)));
         let answer = self
-            .bounded(server, slot, &session, request, session.peer().call_tool(params))
+            .bounded(
+                server,
+                slot,
+                &session,
+                request,
+                session.peer().call_tool(params),
+            )
             .await?;
         Ok(result_of(answer))
     }
@@ -221,7 +233,7 @@ impl McpServers {
             if s.is_alive() {
                 return Ok((slot, s.clone()));
             }
-            tracing::info!(server, "MCP session ended; connecting again.");
+            tracing::info!(server = %server, "MCP session ended; connecting again.");
             if let Some(dead) = current.take() {
                 dead.close().await;
             }
@@ -277,7 +289,7 @@ impl McpServers {
             }
             Err(_) => {
                 tracing::warn!(
-                    server,
+                    server = %server,
                     request = %request,
                     timeout_seconds = slot.config.timeout_seconds,
                     "MCP request timed out."
@@ -388,7 +400,10 @@ mod tests {
             assert_eq!(tool_of(t).read_only, want, "{tool}");
         };
         let schema = serde_json::json!({"type": "object"});
-        check(serde_json::json!({"name": "a", "inputSchema": schema}), false);
+        check(
+            serde_json::json!({"name": "a", "inputSchema": schema}),
+            false,
+        );
         check(
             serde_json::json!({"name": "b", "inputSchema": schema, "annotations": {"readOnlyHint": true}}),
             true,

@@ -66,8 +66,8 @@ impl Session {
             }
             McpTransport::Http { url, headers } => {
                 let headers = header_map(headers).map_err(Failure::Failed)?;
-                let transport_config =
-                    StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
+                let transport_config = StreamableHttpClientTransportConfig::with_uri(url.as_str())
+                    .custom_headers(headers);
                 let transport = StreamableHttpClientTransport::with_client(
                     Reqwest12(http.clone()),
                     transport_config,
@@ -125,6 +125,15 @@ impl Session {
     }
 }
 
+/// A session dropped without [`Session::close`] (the registry dropped without
+/// `shutdown`) still takes its stdio server's group with it; rmcp's own guard
+/// kills only the server itself.
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Why a connect failed.
 pub(super) enum Failure {
     Failed(String),
@@ -138,8 +147,8 @@ fn header_map(
     for (k, v) in headers {
         let name = HeaderName::from_bytes(k.as_bytes())
             .map_err(|_| format!("`{k}` is not a valid HTTP header name"))?;
-        let value =
-            HeaderValue::from_str(v).map_err(|_| format!("the value of header `{k}` is not valid"))?;
+        let value = HeaderValue::from_str(v)
+            .map_err(|_| format!("the value of header `{k}` is not valid"))?;
         out.insert(name, value);
     }
     Ok(out)

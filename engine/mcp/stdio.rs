@@ -86,7 +86,14 @@ pub(super) async fn spawn(
     // fork in a threaded process an allocation may deadlock).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             // The parent may have died between fork and prctl: then nobody
@@ -117,7 +124,7 @@ pub(super) async fn spawn(
     let Some(pid) = child.id() else {
         return Err(format!("`{program}` exited at once"));
     };
-    tracing::info!(server = name, pid, program = %program, "MCP server started.");
+    tracing::info!(server = %name, pid, program = %program, "MCP server started.");
     if let Some(stderr) = stderr {
         tokio::spawn(forward_stderr(name.to_string(), pid, stderr));
     }
@@ -129,7 +136,9 @@ async fn forward_stderr(server: String, pid: u32, stderr: ChildStderr) {
     let mut lines = BufReader::new(stderr).lines();
     loop {
         match lines.next_line().await {
-            Ok(Some(line)) => tracing::info!(server = %server, pid, stderr = %line, "MCP server stderr."),
+            Ok(Some(line)) => {
+                tracing::info!(server = %server, pid, stderr = %line, "MCP server stderr.")
+            }
             Ok(None) => break,
             Err(e) => {
                 tracing::debug!(server = %server, pid, error = %e, "MCP server stderr unreadable.");
