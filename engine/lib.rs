@@ -36,6 +36,8 @@
 //! - [`telegram`]: the Bot API client, approval messages and the update poller; the
 //!   only module that imports teloxide; decides approvals only through the
 //!   runner's `ApprovalDesk`.
+//! - [`mcp`]: the MCP client edge (stdio children, streamable HTTP through
+//!   `rmcp`), one shared session per configured server; `run` never imports it.
 //! - [`view`]: the run JSON of `GET /runs/{id}` and the terminal table.
 //! - [`telemetry`]: every metric name and the helpers that update them.
 //! - [`clock`]: injected time, so tests can move it.
@@ -53,6 +55,7 @@ pub mod events;
 pub mod executor;
 pub mod http;
 pub mod intake;
+pub mod mcp;
 pub mod pipeline;
 pub mod run;
 pub mod runner;

@@ -32,6 +32,19 @@ impl Unset {
     }
 }
 
+/// Records `node` (a header or env value, at `key`) as an unset secret when a
+/// `${VAR}` without a default inside it expanded empty, even if the rest of the
+/// text is not empty (`"Bearer ${TOKEN}"`).
+pub(super) fn secret_in(node: &yaml::Node, key: &str, unset: &Unset, sink: &mut Vec<UnsetSecret>) {
+    if let Some(var) = unset.empty_variable_at(&node.span) {
+        sink.push(UnsetSecret {
+            key: key.to_string(),
+            variable: var.to_string(),
+            span: node.span.clone(),
+        });
+    }
+}
+
 /// The variables written `${VAR}` (no default) in `text` that are unset or empty.
 fn defaultless_empty(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
     let mut out = Vec::new();
@@ -117,6 +130,7 @@ const TOP_KEYS: &[&str] = &[
     "human_approval",
     "logging",
     "retention",
+    "mcp_servers",
 ];
 
 fn resolve(base: &Path, p: String) -> PathBuf {
@@ -353,6 +367,18 @@ pub(super) fn decode(
             );
         }
     }
+    let mcp_secrets = std::cell::RefCell::new(Vec::new());
+    let servers = decode_named(&top, "mcp_servers", super::mcp::KEYS, d, |o, d| {
+        super::mcp::decode_server(o, unset, &mut mcp_secrets.borrow_mut(), d)
+    });
+    // Agents' `{mcp: SERVER}` entries name a server of `mcp_servers`, unless that
+    // block itself is broken (already reported; its names are not known).
+    if servers.is_some() || top.get("mcp_servers").is_none() {
+        c.mcp_servers = servers.unwrap_or_default();
+        let known = c.mcp_servers.keys().cloned().collect();
+        d.extend(tools::check_mcp_refs(&c, &known));
+    }
+    c.unset_secrets.extend(mcp_secrets.into_inner());
     if let Some(m) = decode_named(
         &top,
         "pricing",

@@ -14,13 +14,15 @@ use crate::diag::{Diagnostics, Span};
 use crate::yaml;
 
 mod decode;
+mod mcp;
 mod tools;
+pub use crate::domain::ToolEffect;
 use decode::{decode, expand_tree};
+pub use mcp::{McpServer, McpTransport};
 pub use tools::{
-    check_mcp_refs, AgentTool, ApprovalRule, DeclaredTool, Effect, ShellTool, ToolRun, WebhookTool,
+    check_mcp_refs, AgentTool, ApprovalRule, DeclaredTool, ShellTool, ToolRun, WebhookTool,
     DEFAULT_APPROVAL_TIMEOUT_SECONDS, DEFAULT_MAX_TURNS, DELEGATE_TOOL,
 };
-
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The config file, or `None` when built-in defaults are used.
@@ -56,6 +58,8 @@ pub struct Config {
     pub human_approval: HumanApproval,
     pub logging: Logging,
     pub retention_days: u64,
+    /// `mcp_servers`: the MCP servers agents may use, by name (SPEC 10).
+    pub mcp_servers: BTreeMap<String, McpServer>,
 }
 
 #[derive(Debug, Clone)]
@@ -225,6 +229,7 @@ impl Default for Config {
                 json: false,
             },
             retention_days: 30,
+            mcp_servers: BTreeMap::new(),
         }
     }
 }

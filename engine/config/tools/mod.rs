@@ -7,6 +7,7 @@
 //! MCP server names are not checked here: [`check_mcp_refs`] does that against
 //! whatever set of servers the caller knows.
 
+use crate::domain::ToolEffect;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
@@ -32,7 +33,7 @@ pub struct DeclaredTool {
     /// A JSON Schema object (`type: object`), checked when the config loads.
     pub parameters: Value,
     pub run: ToolRun,
-    pub effect: Effect,
+    pub effect: ToolEffect,
     pub approval: ApprovalRule,
     /// Where the tool is declared, for messages about it.
     pub span: Span,
@@ -61,22 +62,6 @@ pub struct ShellTool {
     /// errors; each renders to exactly one argv entry.
     pub command: Vec<String>,
     pub timeout_seconds: Option<f64>,
-}
-
-/// Whether a tool call may be repeated freely (`read`) or has a side effect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Effect {
-    Read,
-    Write,
-}
-
-impl Effect {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Effect::Read => "read",
-            Effect::Write => "write",
-        }
-    }
 }
 
 /// Whether a human must approve each call before it runs.
@@ -165,8 +150,8 @@ fn decode_tool(
     let description = o.req_str(d, "description");
     let parameters = decode_parameters(&o, d);
     let effect = match o.choice(d, "effect", &["read", "write"]).as_deref() {
-        Some("read") => Effect::Read,
-        _ => Effect::Write,
+        Some("read") => ToolEffect::Read,
+        _ => ToolEffect::Write,
     };
     let approval = match o.choice(d, "approval", &["none", "required"]).as_deref() {
         Some("required") => ApprovalRule::Required,

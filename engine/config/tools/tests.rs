@@ -34,16 +34,19 @@ tools:
     effect: read
 ";
 
+/// The MCP servers the agents of these tests name.
+const MCP: &str = "mcp_servers:\n  k8s: {command: [kubectl-mcp-server]}\n  grafana: {url: \"http://127.0.0.1:1/mcp\"}\n";
+
 #[test]
 fn tools_and_agent_settings_decode() {
     let c = load(&format!(
-        "{BASE}agents:\n  a: {{provider: local, model: m, tools: [restart_service, {{mcp: k8s, only: [pods_list]}}, {{mcp: grafana}}], delegates: [b], max_turns: 12, approval_timeout_seconds: 60}}\n  b: {{provider: local, model: m}}\n"
+        "{BASE}agents:\n  a: {{provider: local, model: m, tools: [restart_service, {{mcp: k8s, only: [pods_list]}}, {{mcp: grafana}}], delegates: [b], max_turns: 12, approval_timeout_seconds: 60}}\n  b: {{provider: local, model: m}}\n{MCP}"
     ))
     .unwrap();
     let t = &c.tools["restart_service"];
     assert_eq!(
         (t.effect, t.approval),
-        (Effect::Write, ApprovalRule::Required)
+        (ToolEffect::Write, ApprovalRule::Required)
     );
     assert_eq!(
         t.run,
@@ -56,7 +59,7 @@ fn tools_and_agent_settings_decode() {
     let logs = &c.tools["pods_log"];
     assert_eq!(
         (logs.effect, logs.approval),
-        (Effect::Read, ApprovalRule::None)
+        (ToolEffect::Read, ApprovalRule::None)
     );
     assert!(
         matches!(&logs.run, ToolRun::Shell(s) if s.command.len() == 3 && s.timeout_seconds.is_none())
@@ -253,19 +256,25 @@ fn providers_are_openai_or_scripted() {
 
 #[test]
 fn mcp_references_are_checked_against_the_known_servers() {
-    let c = load(&format!(
-        "{BASE}agents:\n  a: {{provider: local, model: m, tools: [{{mcp: k8s}}, {{mcp: grafna}}]}}\n"
-    ))
-    .unwrap();
-    let known: BTreeSet<String> = ["k8s".to_string(), "grafana".to_string()].into();
-    let d = check_mcp_refs(&c, &known).to_string();
+    let agents = "agents:\n  a: {provider: local, model: m, tools: [{mcp: k8s}, {mcp: grafna}]}\n";
+    // Through `Config::load`: the servers of `mcp_servers` are the known ones.
+    let d = load(&format!("{BASE}{agents}{MCP}")).unwrap_err();
     assert_eq!(d.lines().count(), 2, "{d}");
     assert!(
         d.contains(":15:54: error: agents.a.tools[1].mcp: unknown MCP server `grafna`"),
         "{d}"
     );
     assert!(d.contains("did you mean `grafana`?"), "{d}");
-    assert!(check_mcp_refs(&c, &["k8s".into(), "grafna".into()].into()).is_empty());
+    // Without `mcp_servers`, every reference is unknown.
+    let d = load(&format!("{BASE}{agents}")).unwrap_err();
+    assert!(d.contains("unknown MCP server `k8s`"), "{d}");
+    // The check itself, against any set of names.
+    let c = load(&format!(
+        "{BASE}{agents}mcp_servers:\n  k8s: {{command: [x]}}\n  grafna: {{command: [y]}}\n"
+    ))
+    .unwrap();
+    let known: BTreeSet<String> = ["k8s".to_string(), "grafana".to_string()].into();
+    assert_eq!(check_mcp_refs(&c, &known).to_string().lines().count(), 2);
 }
 
 #[test]
