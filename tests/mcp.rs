@@ -605,3 +605,38 @@ async fn the_server_stderr_goes_to_the_service_log_line_by_line() {
     );
     servers.shutdown().await;
 }
+
+/// `mcp/` is an edge: the pure run logic never reaches it (docs/architecture.md).
+#[test]
+fn run_does_not_import_the_mcp_edge() {
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/run"),
+        &mut files,
+    );
+    assert!(!files.is_empty());
+    let mut offending = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            if line.contains("crate::mcp") || line.contains("super::mcp") || line.contains("rmcp") {
+                offending.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offending.is_empty(),
+        "run/ imports the MCP edge:\n{}",
+        offending.join("\n")
+    );
+}

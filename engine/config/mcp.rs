@@ -28,6 +28,27 @@ pub struct McpServer {
     pub approval: BTreeMap<String, ApprovalRule>,
 }
 
+impl McpServer {
+    /// The effect class of `tool` (SPEC 10): what `effects` says about it, else
+    /// `read` when the server annotated it `readOnlyHint: true`, else `write`.
+    /// The operator's word wins over the server's hint in both directions.
+    pub fn effect_of(&self, tool: &str, read_only_hint: bool) -> ToolEffect {
+        match self.effects.get(tool) {
+            Some(e) => *e,
+            None if read_only_hint => ToolEffect::Read,
+            None => ToolEffect::Write,
+        }
+    }
+
+    /// Whether calls of `tool` wait for a human (`approval`; default none).
+    pub fn approval_of(&self, tool: &str) -> ToolApproval {
+        self.approval
+            .get(tool)
+            .copied()
+            .unwrap_or(ToolApproval::None)
+    }
+}
+
 /// How the server is reached.
 #[derive(Debug, Clone, PartialEq)]
 pub enum McpTransport {
@@ -263,6 +284,21 @@ mod tests {
         assert_eq!(g.effects["search"], ToolEffect::Read);
         assert_eq!(g.effects["annotate"], ToolEffect::Write);
         assert_eq!(g.approval["annotate"], ApprovalRule::Required);
+    }
+
+    #[test]
+    fn the_operator_s_effect_wins_over_the_hint() {
+        let c = load("mcp_servers:\n  g: {url: \"http://h\", effects: {a: read, b: write}, approval: {b: required}}\n").unwrap();
+        let g = &c.mcp_servers["g"];
+        let check = |tool: &str, hint: bool, want: ToolEffect| {
+            assert_eq!(g.effect_of(tool, hint), want, "{tool} {hint}");
+        };
+        check("a", false, ToolEffect::Read);
+        check("b", true, ToolEffect::Write);
+        check("c", true, ToolEffect::Read);
+        check("c", false, ToolEffect::Write);
+        assert_eq!(g.approval_of("b"), ToolApproval::Required);
+        assert_eq!(g.approval_of("a"), ToolApproval::None);
     }
 
     #[test]

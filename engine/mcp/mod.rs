@@ -13,8 +13,9 @@
 //! processes: own process group, death with the parent, stderr to the log),
 //! `http` (rmcp's streamable-HTTP client over our reqwest 0.12).
 //!
-//! Nothing in `run/` or `runner/`'s pure parts imports this module: it is an edge,
-//! like `http/` and `telegram/`.
+//! It is an edge, like `http/` and `telegram/`: the pure `run/` never imports it
+//! (`tests/mcp.rs`: `run_does_not_import_the_mcp_edge`); the agent loop in the
+//! runner calls it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
