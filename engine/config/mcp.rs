@@ -41,11 +41,11 @@ impl McpServer {
     }
 
     /// Whether calls of `tool` wait for a human (`approval`; default none).
-    pub fn approval_of(&self, tool: &str) -> ToolApproval {
+    pub fn approval_of(&self, tool: &str) -> ApprovalRule {
         self.approval
             .get(tool)
             .copied()
-            .unwrap_or(ToolApproval::None)
+            .unwrap_or(ApprovalRule::None)
     }
 }
 
@@ -297,8 +297,8 @@ mod tests {
         check("b", true, ToolEffect::Write);
         check("c", true, ToolEffect::Read);
         check("c", false, ToolEffect::Write);
-        assert_eq!(g.approval_of("b"), ToolApproval::Required);
-        assert_eq!(g.approval_of("a"), ToolApproval::None);
+        assert_eq!(g.approval_of("b"), ApprovalRule::Required);
+        assert_eq!(g.approval_of("a"), ApprovalRule::None);
     }
 
     #[test]
