@@ -101,6 +101,7 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
         if let Some(p) = prompter {
             p.abort();
         }
+        engine.mcp.shutdown().await;
         let status = match end {
             RunEnd::Finished(s) => s,
             // `run` never enables parking, so Parked cannot come back here.

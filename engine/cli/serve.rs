@@ -104,6 +104,8 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             p.abort();
         }
         retention.abort();
+        // MCP servers end with the service: sessions closed, stdio groups killed.
+        engine.mcp.shutdown().await;
         let _ = stop_http.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
         tracing::info!("Stopped.");

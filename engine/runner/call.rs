@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::unit::{CallFailure, CallSpec};
 use crate::executor::{Call, Outcome};
-use crate::pipeline::ExecutorKind;
+use crate::pipeline::{ExecutorKind, OnInterrupted};
 
 /// Renders the action's templates and calls its executor once, within its timeout.
 pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure> {
@@ -50,6 +50,15 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
             }
             ExecutorKind::Human => {
                 super::human::run(spec.services, &call, spec.human, spec.facts).await
+            }
+            // Tool-using agents run their loop here, journaled (see `agent`).
+            ExecutorKind::Agent if super::agent::runs_loop(&spec.services.config, &call) => {
+                let policy = spec
+                    .pipeline
+                    .durable
+                    .as_ref()
+                    .map_or(OnInterrupted::Rerun, |d| d.on_interrupted);
+                Box::pin(super::agent::run(spec.services, &call, spec.facts, policy)).await
             }
             // Queued in the outbox, which delivers and retries it (see `outbox`).
             ExecutorKind::Notify => {

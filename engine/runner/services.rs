@@ -1,5 +1,5 @@
 //! What a unit may use while it runs: the store, the executors, the clock, the
-//! configuration, the HTTP client and the approval signals (cancellations, approval
+//! configuration, the HTTP client, the MCP sessions and the approval signals (cancellations, approval
 //! wake-ups, parked waits, approval changes). Units get an `Arc<Services>`, never
 //! the [`Engine`](super::Engine): starting, driving and admitting runs stays with
 //! the engine, and the one thing a unit needs of it (a sub-pipeline's child run)
@@ -23,6 +23,8 @@ pub struct Services {
     pub executors: Executors,
     pub http: reqwest::Client,
     pub clock: Arc<dyn Clock>,
+    /// One MCP session per server of `mcp_servers`, shared by every agent step.
+    pub mcp: crate::mcp::McpServers,
     shutdown: tokio::sync::watch::Sender<bool>,
     /// Runs being driven by a task in this process (their slots, see
     /// `Engine::try_admit`); with the parked runs, `runs_in_progress`.
@@ -54,7 +56,9 @@ impl Services {
         clock: Arc<dyn Clock>,
     ) -> Services {
         let (shutdown, _) = tokio::sync::watch::channel(false);
+        let mcp = crate::mcp::McpServers::new(&config.mcp_servers, http.clone());
         Services {
+            mcp,
             store,
             config,
             executors,

@@ -1,0 +1,600 @@
+//! `agent` steps whose agent uses tools: a loop of turns (decided by `run::turns`),
+//! every turn and tool call journaled (resumed by `run::journal`), so that a crash
+//! costs no model call, no tool effect twice.
+//!
+//! Write order, each line one commit (one fsync):
+//! 1. turn N `started` with its new messages (the tool results of turn N-1 ride in
+//!    this commit as their calls' `completed` rows);
+//! 2. turn N `completed` with its reply and usage, together with its first tool
+//!    call `started`;
+//! 3. each further call `started`, together with the previous call's result;
+//! 4. the answer: the last turn `completed` (the step's own record follows).
+//!
+//! Agents without tools keep the one-shot `agent` executor.
+
+mod model;
+mod toolbox;
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::unit::{CallFailure, UnitFacts};
+use super::Services;
+use crate::agent::openai::{self, AssistantReply, ToolSpec};
+use crate::domain::{ToolCallStatus, ToolEffect, TurnStatus};
+use crate::events::Event;
+use crate::executor::{agent as single, Call, Outcome};
+use crate::pipeline::{ExecutorConfig, OnInterrupted};
+use crate::run::journal::{self, CallAction, JournalInput, NextTurn};
+use crate::run::turns::{self, AfterReply, CallCheck, CallStep, Reply, TurnKind};
+use crate::run::{StepOutput, Usage};
+use crate::store::{ToolCallRecord, TurnRecord, Write};
+use model::{Model, ModelError};
+use toolbox::{Tool, Toolbox};
+
+/// Whether the step's agent runs the loop: it lists tools or delegates, or its
+/// provider is scripted (which the one-shot executor cannot call).
+pub(super) fn runs_loop(config: &crate::config::Config, call: &Call<'_>) -> bool {
+    let ExecutorConfig::Agent(a) = &call.action.config else {
+        return false;
+    };
+    let Some(agent) = config.agents.get(&a.agent) else {
+        return false;
+    };
+    let scripted = config
+        .providers
+        .get(&agent.provider)
+        .is_some_and(|p| matches!(p.kind, crate::config::ProviderKind::Scripted { .. }));
+    !agent.tools.is_empty() || !agent.delegates.is_empty() || scripted
+}
+
+/// One agent step's loop, in the task of its step.
+struct Loop<'a> {
+    services: &'a Arc<Services>,
+    call: &'a Call<'a>,
+    iteration: u32,
+    model: Model<'a>,
+    toolbox: Toolbox,
+    max_turns: u32,
+    /// Writes that ride in the next commit (see the write order above).
+    pending: Vec<Write>,
+    /// Usage of every turn of this iteration, journaled ones included.
+    usage: Usage,
+    /// How long the last tool call took (recorded with its result).
+    last_duration_ms: u64,
+}
+
+pub(super) async fn run(
+    services: &Arc<Services>,
+    call: &Call<'_>,
+    facts: UnitFacts<'_>,
+    policy: OnInterrupted,
+) -> Result<Outcome, CallFailure> {
+    let ExecutorConfig::Agent(a) = &call.action.config else {
+        return Err(CallFailure::Config(
+            "executor_config.agent is missing".into(),
+        ));
+    };
+    let config = &services.config;
+    let model = Model::new(config, &services.http, &a.agent).map_err(model_failure)?;
+    if !model.agent.delegates.is_empty() {
+        return Err(CallFailure::Config(format!(
+            "agent `{}` lists `delegates`, which this build does not run yet",
+            a.agent
+        )));
+    }
+    let iteration = facts.record.iteration;
+    let recorded = super::persist::read(services, call.run_id, || {
+        services.store.journal(call.run_id, call.step_path)
+    })
+    .await
+    .map_err(|e| CallFailure::Error(e.to_string()))?;
+    let plan = journal::plan(&JournalInput {
+        journal: &recorded,
+        iteration,
+        on_interrupted: policy,
+        max_turns: model.agent.max_turns,
+    })
+    .map_err(|e| CallFailure::Config(e.to_string()))?;
+    let toolbox = match &plan.tools {
+        Some(v) => Toolbox::from_json(v).map_err(CallFailure::Config)?,
+        None => Toolbox::gather(config, &services.mcp, &a.agent)
+            .await
+            .map_err(CallFailure::Error)?,
+    };
+    let mut lp = Loop {
+        services,
+        call,
+        iteration,
+        max_turns: model.agent.max_turns,
+        model,
+        toolbox,
+        pending: Vec::new(),
+        usage: plan.usage,
+        last_duration_ms: 0,
+    };
+    if plan.reused_turns() > 0 {
+        lp.pending.push(lp.ev(
+            Event::AgentTurnReused {
+                step: call.step_path.to_string(),
+                turns: plan.reused_turns(),
+            },
+            format!(
+                "{}: {} recorded turn(s) reused, no model call",
+                call.step_path,
+                plan.reused_turns()
+            ),
+        ));
+    }
+    let mut conversation = plan.conversation;
+    let (turn, new_messages) = match plan.next {
+        NextTurn::Answered { reply } => {
+            let reply = openai::parse_message(&reply, plan.next_turn.saturating_sub(1))
+                .map_err(CallFailure::Config)?;
+            lp.commit(Vec::new()).await?;
+            return lp.answer(&reply).map_err(CallFailure::Error);
+        }
+        NextTurn::Fresh => (1, openai::first_messages(lp.model.agent, &call.prompt)),
+        // The recorded messages of the turn are the tail of `conversation` already.
+        NextTurn::Again { turn, messages, .. } => {
+            let n = conversation.len().saturating_sub(messages.len());
+            conversation.truncate(n);
+            (turn, messages)
+        }
+        NextTurn::AfterCalls => {
+            let pending = plan.calls.into_iter().map(|c| lp.resumed_call(c)).collect();
+            let results = lp.settle_calls(plan.next_turn - 1, pending).await?;
+            (plan.next_turn, results)
+        }
+    };
+    lp.turns(turn, conversation, new_messages).await
+}
+
+/// A tool call the loop still has to settle, and how.
+struct PendingCall {
+    index: u32,
+    call_id: String,
+    tool: String,
+    arguments: Value,
+    effect_key: String,
+    action: PendingAction,
+}
+
+enum PendingAction {
+    Reuse(Value),
+    Refuse(String),
+    Run { attempt: u32 },
+    Escalate,
+    Approve,
+}
+
+impl<'a> Loop<'a> {
+    fn ev(&self, event: Event, msg: impl Into<String>) -> Write {
+        event.write(self.call.run_id, self.services.now_ms(), msg)
+    }
+
+    async fn commit(&mut self, writes: Vec<Write>) -> Result<(), CallFailure> {
+        let mut all = std::mem::take(&mut self.pending);
+        all.extend(writes);
+        if all.is_empty() {
+            return Ok(());
+        }
+        super::persist::commit(self.services, self.call.run_id, all)
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                if self.services.is_shutting_down() {
+                    CallFailure::Drained
+                } else {
+                    CallFailure::Error(e.to_string())
+                }
+            })
+    }
+
+    /// Turns from `turn` on until the model answers.
+    async fn turns(
+        &mut self,
+        mut turn: u32,
+        mut conversation: Vec<Value>,
+        mut new_messages: Vec<Value>,
+    ) -> Result<Outcome, CallFailure> {
+        loop {
+            if self.services.is_shutting_down() {
+                self.commit(Vec::new()).await?;
+                return Err(CallFailure::Drained);
+            }
+            let kind = turns::turn_kind(turn, self.max_turns);
+            let started = self.turn_record(turn, &new_messages);
+            self.commit(vec![Write::UpsertTurn(started.clone())])
+                .await?;
+            conversation.append(&mut new_messages);
+            let tools: Vec<ToolSpec> = match kind {
+                TurnKind::WithTools => self.toolbox.specs(),
+                TurnKind::Final => Vec::new(),
+            };
+            let key = format!("{}:turn:{turn}", self.call.idempotency_key);
+            let answer = self
+                .model
+                .ask(turn, &conversation, &tools, &key)
+                .await
+                .map_err(model_failure)?;
+            self.usage.add(&answer.usage);
+            let reply = answer.reply;
+            // The whole row again (an upsert replaces it): messages and tools as started.
+            let mut done = TurnRecord {
+                status: TurnStatus::Completed,
+                reply_json: Some(reply.to_message().to_string()),
+                input_tokens: answer.usage.input_tokens,
+                output_tokens: answer.usage.output_tokens,
+                cost_usd: answer.usage.cost_usd,
+                finished_at: Some(self.services.now_ms()),
+                ..started
+            };
+            conversation.push(reply.to_message());
+            let completed = self.ev(
+                Event::AgentTurnCompleted {
+                    step: self.call.step_path.to_string(),
+                    turn,
+                    tool_calls: reply.tool_calls.len() as u32,
+                    input_tokens: answer.usage.input_tokens,
+                    output_tokens: answer.usage.output_tokens,
+                },
+                format!("{}: turn {turn} answered", self.call.step_path),
+            );
+            match turns::after_reply(self.read_reply(&reply), turn, self.max_turns) {
+                AfterReply::Answer(_) => {
+                    self.commit(vec![Write::UpsertTurn(done), completed])
+                        .await?;
+                    return self.answer(&reply).map_err(CallFailure::Error);
+                }
+                AfterReply::Fail(e) => {
+                    // Recorded as failed: a retry of the step asks this turn again.
+                    done.status = TurnStatus::Failed;
+                    done.error = Some(e.clone());
+                    self.commit(vec![Write::UpsertTurn(done), completed])
+                        .await?;
+                    return Err(CallFailure::Error(e));
+                }
+                AfterReply::AskForContract(text) => {
+                    self.pending.push(Write::UpsertTurn(done));
+                    self.pending.push(completed);
+                    new_messages = vec![serde_json::json!({"role": "user", "content": text})];
+                }
+                AfterReply::Calls(steps) => {
+                    self.pending.push(Write::UpsertTurn(done));
+                    self.pending.push(completed);
+                    let pending = reply
+                        .tool_calls
+                        .iter()
+                        .zip(steps)
+                        .enumerate()
+                        .map(|(i, (c, step))| self.fresh_call(turn, i as u32 + 1, c, step))
+                        .collect();
+                    new_messages = self.settle_calls(turn, pending).await?;
+                }
+            }
+            turn += 1;
+        }
+    }
+
+    /// Turn `turn` recorded as `started` with its new messages (and, on turn 1,
+    /// the tools offered).
+    fn turn_record(&self, turn: u32, messages: &[Value]) -> TurnRecord {
+        TurnRecord {
+            run_id: self.call.run_id.to_string(),
+            step_path: self.call.step_path.to_string(),
+            iteration: self.iteration,
+            turn,
+            status: TurnStatus::Started,
+            messages_json: Value::Array(messages.to_vec()).to_string(),
+            reply_json: None,
+            tools_json: (turn == 1).then(|| self.toolbox.to_json().to_string()),
+            input_tokens: 0,
+            output_tokens: 0,
+            cost_usd: None,
+            error: None,
+            started_at: self.services.now_ms(),
+            finished_at: None,
+        }
+    }
+
+    /// The reply as `run::turns` reads it: the answer checked against the output
+    /// contract, or each call checked against the tools offered.
+    fn read_reply(&self, reply: &AssistantReply) -> Reply {
+        if reply.is_final() {
+            return Reply::Answer(
+                single::parse_reply(reply.content.as_deref().unwrap_or(""))
+                    .map(Box::new)
+                    .map_err(|e| format!("agent `{}` {e}", self.model.agent_name)),
+            );
+        }
+        Reply::Calls(
+            reply
+                .tool_calls
+                .iter()
+                .map(|c| self.check(&c.name, &c.arguments, c.arguments_error.as_deref()))
+                .collect(),
+        )
+    }
+
+    fn check(&self, name: &str, arguments: &Value, unreadable: Option<&str>) -> CallCheck {
+        let tool = self.toolbox.get(name);
+        let arguments = match (unreadable, tool) {
+            (Some(e), _) => Err(e.to_string()),
+            (None, Some(t)) => crate::agent::schema::validate(&t.spec.parameters, arguments),
+            (None, None) => Ok(()),
+        };
+        CallCheck {
+            known: tool.is_some(),
+            arguments,
+            needs_approval: tool.is_some_and(|t| t.needs_approval),
+        }
+    }
+
+    fn answer(&self, reply: &AssistantReply) -> Result<Outcome, String> {
+        let agent = self.model.agent;
+        let mut output: StepOutput = single::parse_reply(reply.content.as_deref().unwrap_or(""))
+            .map_err(|e| format!("agent `{}` {e}", self.model.agent_name))?;
+        output
+            .extra
+            .entry("model")
+            .or_insert_with(|| Value::from(agent.model.clone()));
+        output
+            .extra
+            .entry("provider")
+            .or_insert_with(|| Value::from(agent.provider.clone()));
+        Ok(Outcome {
+            output,
+            usage: self.usage,
+        })
+    }
+
+    fn fresh_call(
+        &self,
+        turn: u32,
+        index: u32,
+        c: &openai::ToolCall,
+        step: CallStep,
+    ) -> PendingCall {
+        PendingCall {
+            index,
+            call_id: c.id.clone(),
+            tool: c.name.clone(),
+            arguments: c.arguments.clone(),
+            effect_key: journal::effect_key(
+                self.call.run_id,
+                self.call.step_path,
+                self.iteration,
+                turn,
+                index,
+            ),
+            action: match step {
+                CallStep::Run => PendingAction::Run { attempt: 1 },
+                CallStep::AskApproval => PendingAction::Approve,
+                CallStep::Refuse(m) => PendingAction::Refuse(m),
+            },
+        }
+    }
+
+    fn resumed_call(&self, c: journal::CallPlan) -> PendingCall {
+        let action = match c.action {
+            CallAction::Reuse { result, .. } => PendingAction::Reuse(result),
+            CallAction::Run { attempt } | CallAction::Rerun { attempt } => {
+                // A call that never started is checked as a fresh one would be.
+                let check = self.check(&c.tool, &c.arguments, None);
+                match turns::after_reply(Reply::Calls(vec![check]), 1, u32::MAX) {
+                    AfterReply::Calls(mut s) => match s.pop() {
+                        Some(CallStep::Refuse(m)) => PendingAction::Refuse(m),
+                        Some(CallStep::AskApproval) if attempt == 1 => PendingAction::Approve,
+                        _ => PendingAction::Run { attempt },
+                    },
+                    _ => PendingAction::Run { attempt },
+                }
+            }
+            CallAction::Escalate { .. } => PendingAction::Escalate,
+            CallAction::Rearm { .. } => PendingAction::Approve,
+        };
+        PendingCall {
+            index: c.call_index,
+            call_id: c.call_id,
+            tool: c.tool,
+            arguments: c.arguments,
+            effect_key: c.effect_key,
+            action,
+        }
+    }
+
+    /// Settles the calls of one turn in order; returns their result messages, the
+    /// next turn's new messages. Results are recorded in the next commit.
+    async fn settle_calls(
+        &mut self,
+        turn: u32,
+        calls: Vec<PendingCall>,
+    ) -> Result<Vec<Value>, CallFailure> {
+        let mut messages = Vec::new();
+        for c in calls {
+            let result = match c.action {
+                PendingAction::Reuse(ref result) => {
+                    let ev = self.ev(
+                        Event::ToolCallReused {
+                            step: self.call.step_path.to_string(),
+                            turn,
+                            call_index: c.index,
+                            tool: c.tool.clone(),
+                        },
+                        format!(
+                            "{}: recorded result of `{}` reused",
+                            self.call.step_path, c.tool
+                        ),
+                    );
+                    self.pending.push(ev);
+                    messages.push(journal::tool_message(&c.call_id, result));
+                    continue;
+                }
+                PendingAction::Refuse(ref m) => toolbox::ToolResult {
+                    text: m.clone(),
+                    failed: true,
+                },
+                PendingAction::Escalate => {
+                    let why = format!(
+                        "escalated on resume (durable.on_interrupted=escalate): the write call `{}` with arguments {} was in flight when the process stopped and was not run again",
+                        c.tool, c.arguments
+                    );
+                    let rec = self.call_record(turn, &c, ToolCallStatus::Escalated, 1, Some(&why));
+                    self.commit(vec![Write::UpsertToolCall(rec)]).await?;
+                    return Err(CallFailure::Config(why));
+                }
+                PendingAction::Approve => {
+                    return Err(CallFailure::Config(format!(
+                        "tool `{}` needs approval (`approval: required`), which agent steps of this build do not ask for yet",
+                        c.tool
+                    )));
+                }
+                PendingAction::Run { attempt } => self.run_call(turn, &c, attempt).await?,
+            };
+            let status = if result.failed {
+                ToolCallStatus::Failed
+            } else {
+                ToolCallStatus::Completed
+            };
+            let attempt = match c.action {
+                PendingAction::Run { attempt } => attempt,
+                _ => 1,
+            };
+            let text = Value::String(result.text);
+            let rec = self.call_record(turn, &c, status, attempt, None);
+            let rec = ToolCallRecord {
+                result_json: Some(text.to_string()),
+                ..rec
+            };
+            let ev = if result.failed {
+                Event::ToolCallFailed {
+                    step: self.call.step_path.to_string(),
+                    turn,
+                    call_index: c.index,
+                    tool: c.tool.clone(),
+                    error: crate::executor::http::excerpt(text.as_str().unwrap_or(""), 300),
+                }
+            } else {
+                Event::ToolCallCompleted {
+                    step: self.call.step_path.to_string(),
+                    turn,
+                    call_index: c.index,
+                    tool: c.tool.clone(),
+                    duration_ms: rec.duration_ms.unwrap_or(0),
+                }
+            };
+            let ev = self.ev(
+                ev,
+                format!("{}: tool `{}` {status}", self.call.step_path, c.tool),
+            );
+            self.pending.push(Write::UpsertToolCall(rec));
+            self.pending.push(ev);
+            messages.push(journal::tool_message(&c.call_id, &text));
+        }
+        Ok(messages)
+    }
+
+    /// Records the call `started` (with what is pending), then runs it.
+    async fn run_call(
+        &mut self,
+        turn: u32,
+        c: &PendingCall,
+        attempt: u32,
+    ) -> Result<toolbox::ToolResult, CallFailure> {
+        let Some(tool) = self.toolbox.get(&c.tool).cloned() else {
+            return Ok(toolbox::ToolResult {
+                text: "error: no such tool is available to you".into(),
+                failed: true,
+            });
+        };
+        let started = self.call_record_of(turn, c, &tool, ToolCallStatus::Started, attempt);
+        let ev = self.ev(
+            Event::ToolCallStarted {
+                step: self.call.step_path.to_string(),
+                turn,
+                call_index: c.index,
+                tool: c.tool.clone(),
+                effect_key: c.effect_key.clone(),
+                attempt,
+            },
+            format!("{}: tool `{}` started", self.call.step_path, c.tool),
+        );
+        self.commit(vec![Write::UpsertToolCall(started), ev])
+            .await?;
+        let t0 = std::time::Instant::now();
+        let result = toolbox::run(
+            &self.services.config,
+            &self.services.http,
+            &self.services.mcp,
+            &tool,
+            &c.arguments,
+            &c.effect_key,
+            attempt,
+        )
+        .await;
+        self.last_duration_ms = t0.elapsed().as_millis() as u64;
+        Ok(result)
+    }
+
+    fn call_record(
+        &self,
+        turn: u32,
+        c: &PendingCall,
+        status: ToolCallStatus,
+        attempt: u32,
+        result: Option<&str>,
+    ) -> ToolCallRecord {
+        let effect = self
+            .toolbox
+            .get(&c.tool)
+            .map_or(ToolEffect::Write, |t| t.effect);
+        let now = self.services.now_ms();
+        ToolCallRecord {
+            run_id: self.call.run_id.to_string(),
+            step_path: self.call.step_path.to_string(),
+            iteration: self.iteration,
+            turn,
+            call_index: c.index,
+            call_id: c.call_id.clone(),
+            tool: c.tool.clone(),
+            arguments_json: c.arguments.to_string(),
+            effect,
+            effect_key: c.effect_key.clone(),
+            status,
+            attempt,
+            result_json: result.map(|r| Value::String(r.to_string()).to_string()),
+            approval_token: None,
+            approval_deadline: None,
+            decided_by: None,
+            started_at: now.saturating_sub(self.last_duration_ms as i64),
+            finished_at: (status != ToolCallStatus::Started).then_some(now),
+            duration_ms: (status != ToolCallStatus::Started).then_some(self.last_duration_ms),
+        }
+    }
+
+    fn call_record_of(
+        &self,
+        turn: u32,
+        c: &PendingCall,
+        tool: &Tool,
+        status: ToolCallStatus,
+        attempt: u32,
+    ) -> ToolCallRecord {
+        ToolCallRecord {
+            effect: tool.effect,
+            started_at: self.services.now_ms(),
+            finished_at: None,
+            duration_ms: None,
+            ..self.call_record(turn, c, status, attempt, None)
+        }
+    }
+}
+
+fn model_failure(e: ModelError) -> CallFailure {
+    match e {
+        ModelError::Retriable(m) => CallFailure::Error(m),
+        ModelError::Config(m) => CallFailure::Config(m),
+    }
+}

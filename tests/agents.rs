@@ -1,0 +1,200 @@
+//! Tool-using agents against real local peers: one fake OpenAI-compatible model
+//! (`/v1/chat/completions`) and one declared webhook tool (`/restart`) on the same
+//! counting peer, driven through the real `vectorstep serve`, killed with SIGKILL
+//! while a tool call or a model call is in flight. The model answers from the
+//! conversation it is sent (no tool result yet: call the tool; else: answer), so a
+//! resumed step is answered exactly as a fresh one would be, and the peer's counts
+//! say what was asked twice.
+
+mod common;
+use common::crash_support;
+
+use crash_support::{event_names, events, step, Answer, HoldingPeer, Reply, Scratch, Service};
+use serde_json::{json, Value};
+
+const MODEL: &str = "/v1/chat/completions";
+const TOOL: &str = "/restart";
+
+/// The model's answer to a request: a tool call until the conversation holds a
+/// tool result, then a final step output.
+fn model_reply(body: &Value) -> Reply {
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let results = messages.iter().filter(|m| m["role"] == "tool").count();
+    let message = if results == 0 {
+        json!({"role": "assistant", "content": null, "tool_calls": [{
+            "id": "call_a", "type": "function",
+            "function": {"name": "restart_service", "arguments": "{\"service\": \"api\"}"}}]})
+    } else {
+        let answer =
+            json!({"confidence": 0.9, "summary": "restarted api", "next_step_context": ""});
+        json!({"role": "assistant", "content": answer.to_string()})
+    };
+    Reply::json(
+        200,
+        json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 100, "completion_tokens": 10}}),
+    )
+}
+
+/// A peer for both: `hold` decides which request (path, position) never answers.
+async fn peer(hold: Option<(&'static str, usize)>) -> HoldingPeer {
+    HoldingPeer::start(move |r| {
+        if hold == Some((r.path.as_str(), r.seq_path)) {
+            return Answer::Never;
+        }
+        match r.path.as_str() {
+            MODEL => Answer::Reply(model_reply(&r.json())),
+            _ => Answer::Reply(Reply::text(200, "deployment api restarted")),
+        }
+    })
+    .await
+}
+
+fn setup(peer: &HoldingPeer, durable: &str) -> Scratch {
+    let dir = Scratch::new();
+    let url = peer.url();
+    dir.write_config(&format!(
+        "providers:\n  fake: {{base_url: \"{url}/v1\"}}\n\
+         agents:\n  investigator: {{provider: fake, model: m, system_prompt: \"You investigate.\", tools: [restart_service]}}\n\
+         tools:\n  restart_service:\n    description: Restart one deployment\n    \
+         parameters: {{type: object, properties: {{service: {{type: string}}}}, required: [service]}}\n    \
+         webhook: {{url: \"{url}{TOOL}\"}}\n"
+    ));
+    dir.write_pipeline(
+        "p",
+        &format!(
+            "name: p\nstage: production\ntrigger: {{}}\ndurable: {durable}\nsteps:\n  - name: triage\n    executor: agent\n    executor_config: {{agent: investigator}}\n    prompt_template: \"Investigate the alert.\"\n"
+        ),
+    );
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_calls_its_tool_once_and_answers_from_the_result() {
+    let peer = peer(None).await;
+    let dir = setup(&peer, "true");
+    let svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    assert_eq!(
+        step(&run, "triage")["output"]["summary"],
+        "restarted api",
+        "{run}"
+    );
+    assert_eq!(peer.count_path(MODEL), 2, "two turns, each asked once");
+    let calls = peer.for_path(TOOL);
+    assert_eq!(calls.len(), 1, "the tool ran once");
+    assert_eq!(calls[0].key(), format!("{id}:triage:1:1:1"));
+    assert_eq!(calls[0].attempt(), 1);
+    assert_eq!(calls[0].json(), json!({"service": "api"}));
+    // The second turn saw the tool's result.
+    let second = peer.for_path(MODEL)[1].json();
+    let tool_msg = second["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "tool").cloned())
+        .expect("the second request carries the tool result");
+    assert_eq!(tool_msg["content"], "deployment api restarted");
+    assert_eq!(tool_msg["tool_call_id"], "call_a");
+    assert_eq!(events(&run, "agent_turn_completed").len(), 2);
+    assert_eq!(events(&run, "tool_call_started").len(), 1);
+    assert_eq!(events(&run, "tool_call_completed").len(), 1);
+    // Both turns' usage is the step's.
+    assert_eq!(step(&run, "triage")["input_tokens"], 200, "{run}");
+    assert_eq!(step(&run, "triage")["output_tokens"], 20, "{run}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kill_during_the_tool_call_reruns_it_with_the_same_key_and_never_asks_turn_1_again() {
+    let peer = peer(Some((TOOL, 0))).await;
+    let dir = setup(&peer, "true");
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    peer.wait_for_path(TOOL, 1).await;
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    // Turn 1 was answered before the kill: its reply is reused, never asked again.
+    assert_eq!(
+        peer.count_path(MODEL),
+        2,
+        "turn 1 once before the kill, turn 2 once after"
+    );
+    // The write call in flight ran again (on_interrupted: rerun), same effect key,
+    // attempt 2.
+    let calls = peer.for_path(TOOL);
+    assert_eq!(calls.len(), 2, "once before the kill, once after");
+    let key = format!("{id}:triage:1:1:1");
+    assert!(calls.iter().all(|c| c.key() == key), "{:?}", calls);
+    assert_eq!(
+        calls.iter().map(|c| c.attempt()).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    assert_eq!(
+        events(&run, "agent_turn_reused").len(),
+        1,
+        "{:?}",
+        event_names(&run)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kill_after_the_tool_result_was_recorded_never_runs_the_tool_again() {
+    // The second model request (turn 2) is held: the tool's result is recorded in
+    // the commit that started turn 2, before the model was asked.
+    let peer = peer(Some((MODEL, 1))).await;
+    let dir = setup(&peer, "true");
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    peer.wait_for_path(MODEL, 2).await;
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    assert_eq!(peer.count_path(TOOL), 1, "the tool's result was reused");
+    // Turn 2 was in flight: asked again (billed twice); turn 1 never again.
+    assert_eq!(peer.count_path(MODEL), 3);
+    let keys: Vec<String> = peer
+        .for_path(MODEL)
+        .iter()
+        .map(|r| r.key().to_string())
+        .collect();
+    assert_eq!(keys[1], keys[2], "the re-asked turn keeps its key");
+    assert_ne!(keys[0], keys[1]);
+    // After the restart: turn 1 reused, no tool call started again.
+    let names = event_names(&run);
+    let resumed = names
+        .iter()
+        .position(|n| n == "run_resumed")
+        .expect("resumed");
+    assert!(
+        !names[resumed..].iter().any(|n| n == "tool_call_started"),
+        "{names:?}"
+    );
+    assert_eq!(
+        events(&run, "agent_turn_reused")[0]["turns"],
+        1,
+        "{names:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kill_during_the_first_model_call_asks_it_again_and_runs_the_tool_once() {
+    let peer = peer(Some((MODEL, 0))).await;
+    let dir = setup(&peer, "true");
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    peer.wait_for_path(MODEL, 1).await;
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    // Turn 1 was in flight: asked again once (billed twice), then turn 2.
+    assert_eq!(peer.count_path(MODEL), 3);
+    assert_eq!(peer.count_path(TOOL), 1);
+    assert!(
+        events(&run, "agent_turn_reused").is_empty(),
+        "nothing was reusable"
+    );
+}
