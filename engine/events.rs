@@ -397,6 +397,31 @@ catalogue! {
         call_index: u32,
         tool: String,
     }
+    /// A tool call that needs approval was put to a human.
+    ToolApprovalRequested = "tool_approval_requested" [Warn] {
+        step: String,
+        turn: u32,
+        call_index: u32,
+        tool: String,
+        token: String,
+        deadline_at: String,
+    }
+    /// A human decided a tool call's approval.
+    ToolApprovalDecided = "tool_approval_decided" [Info] {
+        step: String,
+        turn: u32,
+        call_index: u32,
+        tool: String,
+        approved: bool,
+        by: String,
+    }
+    /// Nobody decided a tool call's approval in time; the model is told so.
+    ToolApprovalTimedOut = "tool_approval_timed_out" [Warn] {
+        step: String,
+        turn: u32,
+        call_index: u32,
+        tool: String,
+    }
     /// A notification was delivered.
     NotificationSent = "notification_sent" [Info] {
         action: String,

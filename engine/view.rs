@@ -6,6 +6,17 @@ use serde_json::{json, Map, Value};
 use crate::clock::rfc3339;
 use crate::store::{EventRecord, RunRecord, StepRecord};
 
+/// `s` with HTML's special characters escaped, for text that goes into an HTML
+/// page or a Telegram message in HTML mode (both quotes included, so it is safe
+/// inside attribute values too).
+pub fn escape_html(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#x27;")
+}
+
 fn ts(ms: Option<i64>) -> Value {
     ms.map(|m| Value::from(rfc3339(m))).unwrap_or(Value::Null)
 }

@@ -51,6 +51,11 @@ async fn peer(hold: Option<(&'static str, usize)>) -> HoldingPeer {
 }
 
 fn setup(peer: &HoldingPeer, durable: &str) -> Scratch {
+    setup_with(peer, durable, "")
+}
+
+/// `tool_extra` is added to the tool's block (e.g. `approval: required`).
+fn setup_with(peer: &HoldingPeer, durable: &str, tool_extra: &str) -> Scratch {
     let dir = Scratch::new();
     let url = peer.url();
     dir.write_config(&format!(
@@ -58,7 +63,7 @@ fn setup(peer: &HoldingPeer, durable: &str) -> Scratch {
          agents:\n  investigator: {{provider: fake, model: m, system_prompt: \"You investigate.\", tools: [restart_service]}}\n\
          tools:\n  restart_service:\n    description: Restart one deployment\n    \
          parameters: {{type: object, properties: {{service: {{type: string}}}}, required: [service]}}\n    \
-         webhook: {{url: \"{url}{TOOL}\"}}\n"
+         webhook: {{url: \"{url}{TOOL}\"}}\n    {tool_extra}\n"
     ));
     dir.write_pipeline(
         "p",
@@ -196,5 +201,99 @@ async fn a_kill_during_the_first_model_call_asks_it_again_and_runs_the_tool_once
     assert!(
         events(&run, "agent_turn_reused").is_empty(),
         "nothing was reusable"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn under_escalate_a_write_call_in_flight_is_never_run_again_and_the_step_escalates() {
+    let peer = peer(Some((TOOL, 0))).await;
+    let dir = setup(&peer, "{on_interrupted: escalate}");
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    peer.wait_for_path(TOOL, 1).await;
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "escalated", "{:?}", event_names(&run));
+    assert_eq!(peer.count_path(TOOL), 1, "the write call was not run again");
+    assert_eq!(peer.count_path(MODEL), 1, "nothing more was asked");
+    let triage = step(&run, "triage");
+    assert_eq!(triage["status"], "escalated", "{triage}");
+    let summary = triage["output"]["summary"].as_str().unwrap_or("");
+    assert!(
+        summary.contains("restart_service") && summary.contains("\"service\":\"api\""),
+        "the escalation names the tool and its arguments: {summary}"
+    );
+}
+
+/// Decides an approval through the JSON API; the HTTP status.
+async fn decide(svc: &Service, token: &str, decision: &str) -> u16 {
+    reqwest::Client::new()
+        .post(svc.url(&format!("/approvals/{token}")))
+        .json(&json!({"decision": decision, "by": "alice"}))
+        .send()
+        .await
+        .expect("POST /approvals")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tool_call_waiting_for_approval_survives_a_kill_with_its_token_and_runs_once_approved() {
+    let peer = peer(None).await;
+    let dir = setup_with(&peer, "true", "approval: required");
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    let before = svc.wait_event(&id, "tool_approval_requested").await;
+    let token = events(&before, "tool_approval_requested")[0]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    assert_eq!(peer.count_path(TOOL), 0, "nothing runs before the decision");
+    svc.kill9();
+    svc.restart().await;
+    // The same request is still open after the restart: deciding it works.
+    assert_eq!(decide(&svc, &token, "approve").await, 200);
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    assert_eq!(peer.count_path(TOOL), 1, "approved once, run once");
+    assert_eq!(
+        peer.count_path(MODEL),
+        2,
+        "the proposing turn was not asked again"
+    );
+    assert_eq!(
+        events(&run, "tool_approval_requested").len(),
+        1,
+        "asked once: {:?}",
+        event_names(&run)
+    );
+    assert_eq!(events(&run, "tool_approval_decided")[0]["approved"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rejected_tool_call_is_not_run_and_the_model_reads_the_rejection() {
+    let peer = peer(None).await;
+    let dir = setup_with(&peer, "true", "approval: required");
+    let svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    let asked = svc.wait_event(&id, "tool_approval_requested").await;
+    let token = events(&asked, "tool_approval_requested")[0]["token"]
+        .as_str()
+        .expect("a token")
+        .to_string();
+    assert_eq!(decide(&svc, &token, "reject").await, 200);
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    assert_eq!(peer.count_path(TOOL), 0, "a rejected call never runs");
+    let second = peer.for_path(MODEL)[1].json();
+    let result = second["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "tool").cloned())
+        .expect("the rejection goes back to the model");
+    let text = result["content"].as_str().unwrap_or("");
+    assert!(
+        text.contains("rejected") && text.contains("alice"),
+        "{text}"
     );
 }

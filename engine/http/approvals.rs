@@ -46,11 +46,7 @@ pub async fn list(State(state): State<Arc<AppState>>) -> Result<Json<Value>, Api
 }
 
 pub(super) fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-        .replace('\'', "&#x27;")
+    crate::view::escape_html(s)
 }
 
 /// The CSRF token the page's form carries: a keyed hash of the approval token

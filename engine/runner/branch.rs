@@ -94,7 +94,9 @@ impl BranchJob {
             // Parked cannot happen (parking is off above); leave it for a restart.
             Err(CallFailure::Drained | CallFailure::Parked) => return Ok(BranchEnd::Drained),
             // A branch runs once: a configuration error fails it like any other.
-            Err(CallFailure::Error(msg) | CallFailure::Config(msg)) => {
+            Err(
+                CallFailure::Error(msg) | CallFailure::Config(msg) | CallFailure::Escalate(msg),
+            ) => {
                 let mut out = StepOutput::failed(&msg);
                 out.extra
                     .insert(StepStatus::Failed.to_string(), Value::Bool(true));

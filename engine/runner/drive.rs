@@ -225,6 +225,15 @@ async fn perform(
         UnitPlan::InFlight(InFlight::Rerun { attempt }) => {
             run_unit(rs, i, entry, Start::Rerun { attempt }, None).await?
         }
+        // A tool-using agent step resumes from its journal, which decides per call
+        // (a read call runs again, a write call in flight escalates the step).
+        UnitPlan::InFlight(InFlight::Escalate) if journaled(rs, entry) => {
+            let attempt = rs
+                .interrupted
+                .get(entry.name())
+                .map_or(1, |r| r.attempts.max(1) + 1);
+            run_unit(rs, i, entry, Start::Rerun { attempt }, None).await?
+        }
         UnitPlan::InFlight(InFlight::Escalate) => {
             UnitOutcome::Done(Box::new(super::step::escalate_in_flight(rs, i, entry)))
         }
@@ -276,6 +285,11 @@ async fn after_unit(
     // Boxed: inline, `settle` (escalations, notifications) would size every
     // run's driver, including the thousands parked on human approvals.
     Box::pin(settle(rs, entry, *result)).await
+}
+
+/// Whether `entry` is a plain agent step that runs the journaled tool loop.
+fn journaled(rs: &RunState, entry: &Entry) -> bool {
+    matches!(entry, Entry::Step(s) if super::agent::runs_loop_for(&rs.services.config, &s.action))
 }
 
 type GroupPlan = (Vec<plan::BranchPlan>, Option<Vec<Value>>);

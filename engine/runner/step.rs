@@ -112,6 +112,11 @@ pub(super) async fn run(
             }
             Tried::Drained => return Ok(UnitOutcome::Drained),
             Tried::Parked => return Ok(UnitOutcome::Parked),
+            Tried::Escalated(why) => {
+                return Ok(UnitOutcome::Done(Box::new(escalated(
+                    rs, path, rec, usage, why,
+                ))));
+            }
         };
         usage.add(&o.usage);
         let conf = o.output.confidence;
@@ -169,6 +174,8 @@ enum Tried {
     Failed(String),
     Drained,
     Parked,
+    /// The call asked for an escalation (see `CallFailure::Escalate`).
+    Escalated(String),
 }
 
 /// Calls the step's executor until an attempt succeeds or `run::attempt` says
@@ -205,6 +212,7 @@ async fn attempts(
             Ok(o) => return Ok(Tried::Output(Box::new(o))),
             Err(CallFailure::Drained) => return Ok(Tried::Drained),
             Err(CallFailure::Parked) => return Ok(Tried::Parked),
+            Err(CallFailure::Escalate(msg)) => return Ok(Tried::Escalated(msg)),
             Err(CallFailure::Error(msg)) => (msg, true),
             Err(CallFailure::Config(msg)) => (msg, false),
         };
@@ -233,6 +241,41 @@ async fn attempts(
                 try_no += 1;
             }
         }
+    }
+}
+
+/// The step escalates for `why`, as the gate escalates a low-confidence output.
+fn escalated(
+    rs: &RunState,
+    path: &str,
+    mut rec: crate::store::StepRecord,
+    usage: Usage,
+    why: String,
+) -> UnitResult {
+    let output = StepOutput::new(0.0, why.clone());
+    records::finish(
+        &mut rec,
+        StepStatus::Escalated,
+        &output,
+        &usage,
+        None,
+        rs.now(),
+    );
+    let events = vec![rs.ev(
+        Event::UnitEscalated {
+            step: path.to_string(),
+            confidence: 0.0,
+        },
+        format!("Step escalated: {path}: {why}"),
+    )];
+    UnitResult {
+        status: StepStatus::Escalated,
+        output,
+        usage,
+        record: rec,
+        events,
+        error: None,
+        register: Vec::new(),
     }
 }
 

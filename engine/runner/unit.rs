@@ -150,6 +150,10 @@ pub(super) enum CallFailure {
     /// a template does not render, an agent or provider is missing): another
     /// attempt would fail the same way, so it is not retried.
     Config(String),
+    /// The step must not go on and a human must look: it escalates with this
+    /// reason (an agent's write call in flight at a crash under
+    /// `durable.on_interrupted: escalate`).
+    Escalate(String),
     /// Shutdown: the call was not made or its result must not be recorded.
     Drained,
     /// A human step parked its run (see `park`); its state is committed.

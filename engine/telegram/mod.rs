@@ -172,7 +172,5 @@ pub fn outcome_line(a: &ApprovalRecord, run_status: Option<&str>) -> Option<Stri
 }
 
 pub fn escape_html(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    crate::view::escape_html(s)
 }

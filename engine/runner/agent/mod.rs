@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use super::human::tool as human_tool;
 use super::unit::{CallFailure, UnitFacts};
 use super::Services;
 use crate::agent::openai::{self, AssistantReply, ToolSpec};
@@ -36,7 +37,16 @@ use toolbox::{Tool, Toolbox};
 /// Whether the step's agent runs the loop: it lists tools or delegates, or its
 /// provider is scripted (which the one-shot executor cannot call).
 pub(super) fn runs_loop(config: &crate::config::Config, call: &Call<'_>) -> bool {
-    let ExecutorConfig::Agent(a) = &call.action.config else {
+    runs_loop_for(config, call.action)
+}
+
+/// [`runs_loop`] for a step's action: such a step is resumed from its journal,
+/// which decides per turn and per call (under `on_interrupted: escalate` too).
+pub(super) fn runs_loop_for(
+    config: &crate::config::Config,
+    action: &crate::pipeline::Action,
+) -> bool {
+    let ExecutorConfig::Agent(a) = &action.config else {
         return false;
     };
     let Some(agent) = config.agents.get(&a.agent) else {
@@ -63,6 +73,9 @@ struct Loop<'a> {
     usage: Usage,
     /// How long the last tool call took (recorded with its result).
     last_duration_ms: u64,
+    /// The run's team and stage (a tool approval is routed by them).
+    team: Option<String>,
+    stage: String,
 }
 
 pub(super) async fn run(
@@ -113,6 +126,8 @@ pub(super) async fn run(
         pending: Vec::new(),
         usage: plan.usage,
         last_duration_ms: 0,
+        team: facts.team.map(str::to_string),
+        stage: facts.stage.to_string(),
     };
     if plan.reused_turns() > 0 {
         lp.pending.push(lp.ev(
@@ -164,9 +179,12 @@ struct PendingCall {
 enum PendingAction {
     Reuse(Value),
     Refuse(String),
-    Run { attempt: u32 },
+    Run {
+        attempt: u32,
+    },
     Escalate,
-    Approve,
+    /// Ask a human first; `Some(token)`: the request exists (re-armed after a restart).
+    Approve(Option<String>),
 }
 
 impl<'a> Loop<'a> {
@@ -371,7 +389,7 @@ impl<'a> Loop<'a> {
             ),
             action: match step {
                 CallStep::Run => PendingAction::Run { attempt: 1 },
-                CallStep::AskApproval => PendingAction::Approve,
+                CallStep::AskApproval => PendingAction::Approve(None),
                 CallStep::Refuse(m) => PendingAction::Refuse(m),
             },
         }
@@ -386,14 +404,14 @@ impl<'a> Loop<'a> {
                 match turns::after_reply(Reply::Calls(vec![check]), 1, u32::MAX) {
                     AfterReply::Calls(mut s) => match s.pop() {
                         Some(CallStep::Refuse(m)) => PendingAction::Refuse(m),
-                        Some(CallStep::AskApproval) if attempt == 1 => PendingAction::Approve,
+                        Some(CallStep::AskApproval) if attempt == 1 => PendingAction::Approve(None),
                         _ => PendingAction::Run { attempt },
                     },
                     _ => PendingAction::Run { attempt },
                 }
             }
             CallAction::Escalate { .. } => PendingAction::Escalate,
-            CallAction::Rearm { .. } => PendingAction::Approve,
+            CallAction::Rearm { token, .. } => PendingAction::Approve(Some(token)),
         };
         PendingCall {
             index: c.call_index,
@@ -443,13 +461,36 @@ impl<'a> Loop<'a> {
                     );
                     let rec = self.call_record(turn, &c, ToolCallStatus::Escalated, 1, Some(&why));
                     self.commit(vec![Write::UpsertToolCall(rec)]).await?;
-                    return Err(CallFailure::Config(why));
+                    return Err(CallFailure::Escalate(why));
                 }
-                PendingAction::Approve => {
-                    return Err(CallFailure::Config(format!(
-                        "tool `{}` needs approval (`approval: required`), which agent steps of this build do not ask for yet",
-                        c.tool
-                    )));
+                PendingAction::Approve(ref rearm) => {
+                    let token = match rearm {
+                        Some(t) => t.clone(),
+                        None => self.ask_approval(turn, &c).await?,
+                    };
+                    let decision = human_tool::decision(self.services, self.call, &token).await?;
+                    self.decided(turn, &c, &decision);
+                    match turns::after_decision(&decision, &c.tool) {
+                        CallStep::Run => self.run_call(turn, &c, 1).await?,
+                        CallStep::Refuse(m) => {
+                            let status = match decision {
+                                turns::Decision::TimedOut => ToolCallStatus::TimedOut,
+                                _ => ToolCallStatus::Rejected,
+                            };
+                            let text = Value::String(m);
+                            let mut rec = self.call_record(turn, &c, status, 1, None);
+                            rec.result_json = Some(text.to_string());
+                            rec.approval_token = Some(token);
+                            self.pending.push(Write::UpsertToolCall(rec));
+                            messages.push(journal::tool_message(&c.call_id, &text));
+                            continue;
+                        }
+                        // `after_decision` never asks again; should it, nothing runs.
+                        CallStep::AskApproval => toolbox::ToolResult {
+                            text: "not run: the approval is still open".into(),
+                            failed: true,
+                        },
+                    }
                 }
                 PendingAction::Run { attempt } => self.run_call(turn, &c, attempt).await?,
             };
@@ -494,6 +535,76 @@ impl<'a> Loop<'a> {
             messages.push(journal::tool_message(&c.call_id, &text));
         }
         Ok(messages)
+    }
+
+    /// Puts call `c` to a human: the approval row, the call's `waiting` record and
+    /// the event in one commit, then the delivery. Returns the token.
+    async fn ask_approval(&mut self, turn: u32, c: &PendingCall) -> Result<String, CallFailure> {
+        let req = human_tool::ToolRequest {
+            tool: &c.tool,
+            arguments: &c.arguments,
+            team: self.team.as_deref(),
+            stage: &self.stage,
+            timeout_seconds: self.model.agent.approval_timeout_seconds,
+        };
+        let a = human_tool::new_request(self.services, self.call, &req, self.services.now_ms());
+        let mut rec = self.call_record(turn, c, ToolCallStatus::Waiting, 1, None);
+        rec.approval_token = Some(a.token.clone());
+        rec.approval_deadline = Some(a.deadline_at);
+        rec.finished_at = None;
+        rec.duration_ms = None;
+        let ev = self.ev(
+            Event::ToolApprovalRequested {
+                step: self.call.step_path.to_string(),
+                turn,
+                call_index: c.index,
+                tool: c.tool.clone(),
+                token: a.token.clone(),
+                deadline_at: crate::clock::rfc3339(a.deadline_at),
+            },
+            format!(
+                "{}: tool `{}` waits for approval",
+                self.call.step_path, c.tool
+            ),
+        );
+        self.commit(vec![human_tool::insert(&a), Write::UpsertToolCall(rec), ev])
+            .await?;
+        human_tool::requested(self.services, &a);
+        Ok(a.token)
+    }
+
+    /// The decision's event rides in the next commit.
+    fn decided(&mut self, turn: u32, c: &PendingCall, decision: &turns::Decision) {
+        let step = self.call.step_path.to_string();
+        let ev = match decision {
+            turns::Decision::TimedOut => Event::ToolApprovalTimedOut {
+                step,
+                turn,
+                call_index: c.index,
+                tool: c.tool.clone(),
+            },
+            turns::Decision::Approved => Event::ToolApprovalDecided {
+                step,
+                turn,
+                call_index: c.index,
+                tool: c.tool.clone(),
+                approved: true,
+                by: String::new(),
+            },
+            turns::Decision::Rejected { by } => Event::ToolApprovalDecided {
+                step,
+                turn,
+                call_index: c.index,
+                tool: c.tool.clone(),
+                approved: false,
+                by: by.clone(),
+            },
+        };
+        let ev = self.ev(
+            ev,
+            format!("{}: approval of `{}` settled", self.call.step_path, c.tool),
+        );
+        self.pending.push(ev);
     }
 
     /// Records the call `started` (with what is pending), then runs it.

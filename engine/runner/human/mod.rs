@@ -27,6 +27,7 @@ use crate::store::{ApprovalRecord, Write};
 use wait::Waiting;
 
 mod delivery;
+pub(super) mod tool;
 mod wait;
 
 /// An unguessable approval token: 128 random bits, hex.
