@@ -80,3 +80,27 @@ pub fn approval_decided(pipeline: &str, decision: &str) {
 pub fn approvals_pending(n: usize) {
     gauge!(APPROVALS_PENDING).set(n as f64);
 }
+
+pub const AGENT_TURNS: &str = "vectorstep_agent_turns_total";
+pub const TOOL_CALLS: &str = "vectorstep_tool_calls_total";
+pub const AGENT_REBILLED: &str = "vectorstep_agent_rebilled_calls_total";
+
+/// `outcome`: `completed`, `reused`, `rerun` or `failed`.
+pub fn agent_turns(pipeline: &str, agent: &str, outcome: &str, n: u64) {
+    counter!(AGENT_TURNS, "pipeline" => pipeline.to_string(), "agent" => agent.to_string(),
+        "outcome" => outcome.to_string())
+    .increment(n);
+}
+
+/// `outcome`: `completed`, `failed`, `reused`, `rerun` or `rejected`.
+pub fn tool_call(pipeline: &str, tool: &str, outcome: &str) {
+    counter!(TOOL_CALLS, "pipeline" => pipeline.to_string(), "tool" => tool.to_string(),
+        "outcome" => outcome.to_string())
+    .increment(1);
+}
+
+/// A model call asked again after a crash: billed twice.
+pub fn agent_rebilled(pipeline: &str, agent: &str) {
+    counter!(AGENT_REBILLED, "pipeline" => pipeline.to_string(), "agent" => agent.to_string())
+        .increment(1);
+}

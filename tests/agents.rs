@@ -202,6 +202,22 @@ async fn a_kill_during_the_first_model_call_asks_it_again_and_runs_the_tool_once
         events(&run, "agent_turn_reused").is_empty(),
         "nothing was reusable"
     );
+    // The turn asked twice is counted as billed twice.
+    let text = reqwest::get(svc.url("/metrics"))
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let rebilled: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("vectorstep_agent_rebilled_calls_total{"))
+        .collect();
+    assert_eq!(rebilled.len(), 1, "{text}");
+    assert!(
+        rebilled[0].contains("agent=\"investigator\"") && rebilled[0].ends_with(" 1"),
+        "{rebilled:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

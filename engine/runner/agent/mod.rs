@@ -129,7 +129,10 @@ pub(super) async fn run(
         team: facts.team.map(str::to_string),
         stage: facts.stage.to_string(),
     };
+    let metric =
+        |outcome: &str, n: u64| crate::telemetry::agent_turns(call.pipeline, &a.agent, outcome, n);
     if plan.reused_turns() > 0 {
+        metric("reused", u64::from(plan.reused_turns()));
         lp.pending.push(lp.ev(
             Event::AgentTurnReused {
                 step: call.step_path.to_string(),
@@ -152,7 +155,15 @@ pub(super) async fn run(
         }
         NextTurn::Fresh => (1, openai::first_messages(lp.model.agent, &call.prompt)),
         // The recorded messages of the turn are the tail of `conversation` already.
-        NextTurn::Again { turn, messages, .. } => {
+        NextTurn::Again {
+            turn,
+            messages,
+            rebilled,
+        } => {
+            if rebilled {
+                crate::telemetry::agent_rebilled(call.pipeline, &a.agent);
+            }
+            metric("rerun", 1);
             let n = conversation.len().saturating_sub(messages.len());
             conversation.truncate(n);
             (turn, messages)
@@ -188,6 +199,14 @@ enum PendingAction {
 }
 
 impl<'a> Loop<'a> {
+    fn turn_metric(&self, outcome: &str) {
+        crate::telemetry::agent_turns(self.call.pipeline, self.model.agent_name, outcome, 1);
+    }
+
+    fn tool_metric(&self, tool: &str, outcome: &str) {
+        crate::telemetry::tool_call(self.call.pipeline, tool, outcome);
+    }
+
     fn ev(&self, event: Event, msg: impl Into<String>) -> Write {
         event.write(self.call.run_id, self.services.now_ms(), msg)
     }
@@ -264,6 +283,7 @@ impl<'a> Loop<'a> {
                 AfterReply::Answer(_) => {
                     self.commit(vec![Write::UpsertTurn(done), completed])
                         .await?;
+                    self.turn_metric(TurnStatus::Completed.as_str());
                     return self.answer(&reply).map_err(CallFailure::Error);
                 }
                 AfterReply::Fail(e) => {
@@ -272,14 +292,17 @@ impl<'a> Loop<'a> {
                     done.error = Some(e.clone());
                     self.commit(vec![Write::UpsertTurn(done), completed])
                         .await?;
+                    self.turn_metric(TurnStatus::Failed.as_str());
                     return Err(CallFailure::Error(e));
                 }
                 AfterReply::AskForContract(text) => {
+                    self.turn_metric(TurnStatus::Completed.as_str());
                     self.pending.push(Write::UpsertTurn(done));
                     self.pending.push(completed);
                     new_messages = vec![serde_json::json!({"role": "user", "content": text})];
                 }
                 AfterReply::Calls(steps) => {
+                    self.turn_metric(TurnStatus::Completed.as_str());
                     self.pending.push(Write::UpsertTurn(done));
                     self.pending.push(completed);
                     let pending = reply
@@ -447,6 +470,7 @@ impl<'a> Loop<'a> {
                         ),
                     );
                     self.pending.push(ev);
+                    self.tool_metric(&c.tool, "reused");
                     messages.push(journal::tool_message(&c.call_id, result));
                     continue;
                 }
@@ -482,6 +506,7 @@ impl<'a> Loop<'a> {
                             rec.result_json = Some(text.to_string());
                             rec.approval_token = Some(token);
                             self.pending.push(Write::UpsertToolCall(rec));
+                            self.tool_metric(&c.tool, ToolCallStatus::Rejected.as_str());
                             messages.push(journal::tool_message(&c.call_id, &text));
                             continue;
                         }
@@ -503,6 +528,14 @@ impl<'a> Loop<'a> {
                 PendingAction::Run { attempt } => attempt,
                 _ => 1,
             };
+            self.tool_metric(
+                &c.tool,
+                match (result.failed, attempt) {
+                    (true, _) => ToolCallStatus::Failed.as_str(),
+                    (false, 1) => ToolCallStatus::Completed.as_str(),
+                    (false, _) => "rerun",
+                },
+            );
             let text = Value::String(result.text);
             let rec = self.call_record(turn, &c, status, attempt, None);
             let rec = ToolCallRecord {
