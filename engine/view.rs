@@ -4,7 +4,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::clock::rfc3339;
-use crate::store::{EventRecord, RunRecord, StepRecord};
+use crate::store::{EventRecord, RunRecord, StepJournal, StepRecord};
 
 /// `s` with HTML's special characters escaped, for text that goes into an HTML
 /// page or a Telegram message in HTML mode (both quotes included, so it is safe
@@ -84,20 +84,77 @@ pub fn log_entry(e: &EventRecord) -> Value {
     Value::Object(m)
 }
 
-pub fn run_detail(r: &RunRecord, steps: &[StepRecord], events: &[EventRecord]) -> Value {
+/// `journals` are the agent steps' journals (`Store::journals_of_run`): each such
+/// step gets its `turns`, with their tool calls.
+pub fn run_detail(
+    r: &RunRecord,
+    steps: &[StepRecord],
+    events: &[EventRecord],
+    journals: &[StepJournal],
+) -> Value {
     let mut v = run_summary(r);
     if let Value::Object(m) = &mut v {
         m.insert("final_output".into(), parse(r.final_output_json.as_deref()));
-        m.insert(
-            "steps".into(),
-            Value::Array(steps.iter().map(step).collect()),
-        );
+        let steps = steps
+            .iter()
+            .map(|s| {
+                let mut v = step(s);
+                if let (Value::Object(o), Some(j)) =
+                    (&mut v, journals.iter().find(|j| j.step_path == s.step_path))
+                {
+                    o.insert("turns".into(), turns(j));
+                }
+                v
+            })
+            .collect();
+        m.insert("steps".into(), Value::Array(steps));
         m.insert(
             "logs".into(),
             Value::Array(events.iter().map(log_entry).collect()),
         );
     }
     v
+}
+
+/// An agent step's turns (from 1) with their tool calls (from 1), delegations'
+/// own turns left out.
+fn turns(j: &StepJournal) -> Value {
+    let own = |p: &str| p == j.step_path;
+    Value::Array(
+        j.turns
+            .iter()
+            .filter(|t| own(&t.step_path))
+            .map(|t| {
+                let calls: Vec<Value> = j
+                    .calls
+                    .iter()
+                    .filter(|c| own(&c.step_path) && c.iteration == t.iteration && c.turn == t.turn)
+                    .map(|c| {
+                        json!({
+                            "call_index": c.call_index,
+                            "tool": c.tool,
+                            "arguments": serde_json::from_str::<Value>(&c.arguments_json)
+                                .unwrap_or(Value::Null),
+                            "status": c.status.as_str(),
+                            "effect": c.effect.as_str(),
+                            "effect_key": c.effect_key,
+                            "attempt": c.attempt,
+                            "duration_ms": c.duration_ms,
+                        })
+                    })
+                    .collect();
+                json!({
+                    "iteration": t.iteration,
+                    "turn": t.turn,
+                    "status": t.status.as_str(),
+                    "input_tokens": t.input_tokens,
+                    "output_tokens": t.output_tokens,
+                    "cost_usd": t.cost_usd,
+                    "tool_calls": calls,
+                })
+            })
+            .collect(),
+    )
 }
 
 /// A fixed-width table of a run's steps for terminals.

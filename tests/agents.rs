@@ -104,6 +104,24 @@ async fn an_agent_calls_its_tool_once_and_answers_from_the_result() {
     assert_eq!(events(&run, "agent_turn_completed").len(), 2);
     assert_eq!(events(&run, "tool_call_started").len(), 1);
     assert_eq!(events(&run, "tool_call_completed").len(), 1);
+    // The run JSON lists the step's turns and tool calls, counted from 1.
+    let turns = step(&run, "triage")["turns"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(turns.len(), 2, "{run}");
+    assert_eq!(turns[0]["turn"], 1);
+    assert_eq!(turns[0]["status"], "completed");
+    assert_eq!(turns[0]["input_tokens"], 100);
+    let call = &turns[0]["tool_calls"][0];
+    assert_eq!(call["call_index"], 1);
+    assert_eq!(call["tool"], "restart_service");
+    assert_eq!(call["arguments"], json!({"service": "api"}));
+    assert_eq!(call["status"], "completed");
+    assert_eq!(call["effect_key"], format!("{id}:triage:1:1:1"));
+    assert_eq!(call["attempt"], 1);
+    assert!(call["duration_ms"].is_u64(), "{call}");
+    assert_eq!(turns[1]["tool_calls"], json!([]));
     // Both turns' usage is the step's.
     assert_eq!(step(&run, "triage")["input_tokens"], 200, "{run}");
     assert_eq!(step(&run, "triage")["output_tokens"], 20, "{run}");

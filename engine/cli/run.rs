@@ -111,7 +111,8 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
         let steps = store.steps(&run_id)?;
         if args.json {
             let events = store.events(&run_id)?;
-            println!("{}", serde_json::to_string_pretty(&view::run_detail(&run, &steps, &events))?);
+            let journals = store.journals_of_run(&run_id)?;
+            println!("{}", serde_json::to_string_pretty(&view::run_detail(&run, &steps, &events, &journals))?);
         } else {
             print!("{}", view::step_table(&steps));
             println!();
@@ -360,9 +361,10 @@ pub fn show(cli: &Cli, run_id: &str, json: bool) -> anyhow::Result<i32> {
     let steps = store.steps(run_id)?;
     let events = store.events(run_id)?;
     if json {
+        let journals = store.journals_of_run(run_id)?;
         println!(
             "{}",
-            serde_json::to_string_pretty(&view::run_detail(&run, &steps, &events))?
+            serde_json::to_string_pretty(&view::run_detail(&run, &steps, &events, &journals))?
         );
         return Ok(0);
     }

@@ -54,7 +54,8 @@ pub async fn show(
         };
         let steps = store.steps(&id)?;
         let events = store.events(&id)?;
-        Ok(Some(view::run_detail(&run, &steps, &events)))
+        let journals = store.journals_of_run(&id)?;
+        Ok(Some(view::run_detail(&run, &steps, &events, &journals)))
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))??;
