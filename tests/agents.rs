@@ -56,6 +56,16 @@ fn setup(peer: &HoldingPeer, durable: &str) -> Scratch {
 
 /// `tool_extra` is added to the tool's block (e.g. `approval: required`).
 fn setup_with(peer: &HoldingPeer, durable: &str, tool_extra: &str) -> Scratch {
+    setup_full(peer, durable, tool_extra, "")
+}
+
+/// `pipeline_extra` holds whole top-level pipeline keys (e.g. `budget`).
+fn setup_full(
+    peer: &HoldingPeer,
+    durable: &str,
+    tool_extra: &str,
+    pipeline_extra: &str,
+) -> Scratch {
     let dir = Scratch::new();
     let url = peer.url();
     dir.write_config(&format!(
@@ -68,7 +78,7 @@ fn setup_with(peer: &HoldingPeer, durable: &str, tool_extra: &str) -> Scratch {
     dir.write_pipeline(
         "p",
         &format!(
-            "name: p\nstage: production\ntrigger: {{}}\ndurable: {durable}\nsteps:\n  - name: triage\n    executor: agent\n    executor_config: {{agent: investigator}}\n    prompt_template: \"Investigate the alert.\"\n"
+            "name: p\nstage: production\ntrigger: {{}}\ndurable: {durable}\n{pipeline_extra}steps:\n  - name: triage\n    executor: agent\n    executor_config: {{agent: investigator}}\n    prompt_template: \"Investigate the alert.\"\n"
         ),
     );
     dir
@@ -330,4 +340,33 @@ async fn a_rejected_tool_call_is_not_run_and_the_model_reads_the_rejection() {
         text.contains("rejected") && text.contains("alice"),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_budget_counts_turns_spent_before_a_kill_and_stops_the_loop_before_the_next_turn() {
+    // Each turn costs 110 tokens; the run may spend 100: turn 1 fits, turn 2 never
+    // starts. The kill lands during turn 1's tool call, so the only record of turn
+    // 1's usage is the journal.
+    let peer = peer(Some((TOOL, 0))).await;
+    let dir = setup_full(&peer, "true", "", "budget: {max_tokens: 100}\n");
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    peer.wait_for_path(TOOL, 1).await;
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "aborted", "{:?}", event_names(&run));
+    assert_eq!(
+        events(&run, "budget_exceeded").len(),
+        1,
+        "{:?}",
+        event_names(&run)
+    );
+    assert_eq!(peer.count_path(MODEL), 1, "turn 2 was never asked");
+    assert_eq!(
+        step(&run, "triage")["input_tokens"],
+        100,
+        "turn 1 counted once"
+    );
+    assert_eq!(run["tokens_used"], 110);
 }

@@ -23,6 +23,8 @@ pub(super) struct BranchJob {
     pub(super) team: Option<String>,
     pub(super) stage: String,
     pub(super) trigger: Arc<crate::run::context::Normalised>,
+    /// What the run had spent when the group started.
+    pub(super) spent: Usage,
     pub(super) pipeline: Arc<Pipeline>,
     pub(super) run_id: String,
     pub(super) group: String,
@@ -85,6 +87,8 @@ impl BranchJob {
                 team: self.team.as_deref(),
                 stage: &self.stage,
                 trigger: &self.trigger,
+                spent: self.spent,
+                budget: self.pipeline.budget.as_ref(),
             },
         })
         .await;

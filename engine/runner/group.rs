@@ -388,6 +388,7 @@ fn spawn_branches(
             team: rs.run.team.clone(),
             stage: rs.run.stage.clone(),
             trigger: rs.trigger.clone(),
+            spent: rs.usage,
             pipeline: rs.pipeline.clone(),
             run_id: rs.id().to_string(),
             group: shape.name.to_string(),

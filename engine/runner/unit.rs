@@ -87,6 +87,8 @@ impl RunState {
             team: self.run.team.as_deref(),
             stage: &self.run.stage,
             trigger: &self.trigger,
+            spent: self.usage,
+            budget: self.pipeline.budget.as_ref(),
         }
     }
 
@@ -207,6 +209,10 @@ pub(super) struct UnitFacts<'a> {
     pub stage: &'a str,
     /// The run's trigger (a sub-pipeline's child starts from it).
     pub trigger: &'a Normalised,
+    /// What the run spent before this unit, and its budget (an agent's loop
+    /// checks it before each turn).
+    pub spent: Usage,
+    pub budget: Option<&'a crate::pipeline::Budget>,
 }
 
 /// The kind recorded for an entry's step record.

@@ -76,6 +76,9 @@ struct Loop<'a> {
     /// The run's team and stage (a tool approval is routed by them).
     team: Option<String>,
     stage: String,
+    /// The run's spending before this step, and its budget.
+    spent: Usage,
+    budget: Option<&'a crate::pipeline::Budget>,
 }
 
 pub(super) async fn run(
@@ -128,6 +131,8 @@ pub(super) async fn run(
         last_duration_ms: 0,
         team: facts.team.map(str::to_string),
         stage: facts.stage.to_string(),
+        spent: facts.spent,
+        budget: facts.budget,
     };
     let metric =
         |outcome: &str, n: u64| crate::telemetry::agent_turns(call.pipeline, &a.agent, outcome, n);
@@ -199,6 +204,26 @@ enum PendingAction {
 }
 
 impl<'a> Loop<'a> {
+    /// Before turn `turn`: when the run's budget is spent (what it spent before
+    /// this step plus every journaled turn of it), the loop stops here. The step
+    /// ends with what it has; the driver's budget check then ends the run
+    /// (`budget_exceeded`), as after any step.
+    fn budget_spent(&self, turn: u32) -> Option<Outcome> {
+        let budget = self.budget?;
+        let mut total = self.spent;
+        total.add(&self.usage);
+        let msg = crate::run::flow::budget_exceeded(
+            budget,
+            total.tokens(),
+            total.cost_usd.unwrap_or(0.0),
+        )?;
+        let output = StepOutput::new(1.0, format!("stopped before turn {turn}: {msg}"));
+        Some(Outcome {
+            output,
+            usage: self.usage,
+        })
+    }
+
     fn turn_metric(&self, outcome: &str) {
         crate::telemetry::agent_turns(self.call.pipeline, self.model.agent_name, outcome, 1);
     }
@@ -240,6 +265,10 @@ impl<'a> Loop<'a> {
             if self.services.is_shutting_down() {
                 self.commit(Vec::new()).await?;
                 return Err(CallFailure::Drained);
+            }
+            if let Some(out) = self.budget_spent(turn) {
+                self.commit(Vec::new()).await?;
+                return Ok(out);
             }
             let kind = turns::turn_kind(turn, self.max_turns);
             let started = self.turn_record(turn, &new_messages);
