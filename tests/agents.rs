@@ -370,3 +370,110 @@ async fn the_budget_counts_turns_spent_before_a_kill_and_stops_the_loop_before_t
     );
     assert_eq!(run["tokens_used"], 110);
 }
+
+/// Whether `pid` still runs; a zombie does not (it was killed and waits for a reaper).
+fn running(pid: i64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X') | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// The records the fixture MCP server appended (one JSON object per line).
+fn records(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let limit = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < limit,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_mcp_server_dies_with_a_killed_serve_and_its_read_call_in_flight_runs_again() {
+    // The model asks the stdio MCP server's read-only `sleep` tool for 300 s; the
+    // server's timeout (2 s) ends the rerun after the restart, and the model
+    // answers from that result.
+    let peer = HoldingPeer::start(|r| {
+        let body = r.json();
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let message = if messages.iter().any(|m| m["role"] == "tool") {
+            let answer = json!({"confidence": 0.9, "summary": "waited", "next_step_context": ""});
+            json!({"role": "assistant", "content": answer.to_string()})
+        } else {
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": "call_s", "type": "function",
+                "function": {"name": "sleep", "arguments": "{\"seconds\": 300}"}}]})
+        };
+        Answer::Reply(Reply::json(
+            200,
+            json!({"choices": [{"index": 0, "message": message}],
+                   "usage": {"prompt_tokens": 10, "completion_tokens": 1}}),
+        ))
+    })
+    .await;
+    let dir = Scratch::new();
+    let record = dir.root.join("mcp-record.jsonl");
+    let server =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/stdio_server.py");
+    dir.write_config(&format!(
+        "providers:\n  fake: {{base_url: \"{url}/v1\"}}\n\
+         agents:\n  investigator: {{provider: fake, model: m, tools: [{{mcp: k8s, only: [sleep]}}]}}\n\
+         mcp_servers:\n  k8s: {{command: [python3, {server:?}], env: {{MCP_RECORD: {record:?}}}, timeout_seconds: 2}}\n",
+        url = peer.url(),
+        server = server.display().to_string(),
+        record = record.display().to_string(),
+    ));
+    dir.write_pipeline(
+        "p",
+        "name: p\nstage: production\ntrigger: {}\ndurable: true\nsteps:\n  - name: triage\n    executor: agent\n    executor_config: {agent: investigator}\n    prompt_template: \"Wait.\"\n",
+    );
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    until("the sleep call", || {
+        records(&record).iter().any(|r| r["event"] == "call")
+    })
+    .await;
+    let first = records(&record)
+        .into_iter()
+        .find(|r| r["event"] == "start")
+        .expect("the server recorded its start");
+    let pid = first["pid"].as_i64().expect("a pid");
+    assert!(running(pid), "the server runs while its call is in flight");
+    svc.kill9();
+    until("the MCP server to die with serve", || !running(pid)).await;
+
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    let calls: Vec<Value> = records(&record)
+        .into_iter()
+        .filter(|r| r["event"] == "call")
+        .collect();
+    assert_eq!(
+        calls.len(),
+        2,
+        "the read call ran again after the restart: {calls:?}"
+    );
+    let key = format!("{id}:triage:1:1:1");
+    for (c, attempt) in calls.iter().zip([1, 2]) {
+        assert_eq!(c["meta"]["vectorstep/effect_key"], key, "{c}");
+        assert_eq!(c["meta"]["vectorstep/attempt"], attempt, "{c}");
+    }
+    assert_eq!(peer.count_path(MODEL), 2, "turn 1 was not asked again");
+}
