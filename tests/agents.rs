@@ -477,3 +477,63 @@ async fn an_mcp_server_dies_with_a_killed_serve_and_its_read_call_in_flight_runs
     }
     assert_eq!(peer.count_path(MODEL), 2, "turn 1 was not asked again");
 }
+
+#[test]
+fn tools_list_connects_and_names_every_tool_with_its_class_and_what_a_server_lacks() {
+    let dir = Scratch::new();
+    let server =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp/stdio_server.py");
+    dir.write_config(&format!(
+        "providers:\n  fake: {{base_url: \"http://127.0.0.1:9/v1\"}}\n\
+         agents:\n  investigator: {{provider: fake, model: m, tools: [restart_service, {{mcp: k8s, only: [echo, restart, nosuch]}}]}}\n  \
+         plain: {{provider: fake, model: m}}\n\
+         tools:\n  restart_service:\n    description: Restart\n    parameters: {{type: object}}\n    \
+         webhook: {{url: \"http://127.0.0.1:9/restart\"}}\n    approval: required\n\
+         mcp_servers:\n  k8s: {{command: [python3, {server:?}], timeout_seconds: 10}}\n",
+        server = server.display().to_string(),
+    ));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vectorstep"))
+        .arg("--config")
+        .arg(dir.config_path())
+        .args(["tools", "list"])
+        .output()
+        .expect("vectorstep tools list runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let row = |tool: &str| {
+        stdout
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(tool))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_else(|| panic!("no row for {tool}:\n{stdout}"))
+    };
+    assert_eq!(
+        row("restart_service"),
+        [
+            "investigator",
+            "restart_service",
+            "declared",
+            "write",
+            "required"
+        ]
+    );
+    // The MCP server's annotations decide the class: `echo` is read-only.
+    assert_eq!(
+        row("echo"),
+        ["investigator", "echo", "mcp:k8s", "read", "none"]
+    );
+    assert_eq!(
+        row("restart"),
+        ["investigator", "restart", "mcp:k8s", "write", "none"]
+    );
+    assert!(
+        !stdout.contains("plain"),
+        "an agent without tools is not listed:\n{stdout}"
+    );
+    assert!(stderr.contains("`k8s/nosuch`"), "{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a missing `only` tool fails the listing"
+    );
+}

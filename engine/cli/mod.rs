@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod approvals;
 mod run;
 mod serve;
+mod tools;
 mod validate;
 
 #[derive(Parser, Debug)]
@@ -87,6 +88,21 @@ pub enum Command {
     Fingerprint {
         /// A pipeline name (from the configured folder) or a pipeline file.
         pipeline: String,
+    },
+    /// The tools of the agents in config.yaml (connects to their MCP servers).
+    Tools {
+        #[command(subcommand)]
+        command: ToolsCommand,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ToolsCommand {
+    /// Every tool each agent (or AGENT) would be offered, with its effect class and
+    /// approval rule; exit 1 when a server cannot be reached or lacks an `only` tool.
+    List {
+        /// One agent (default: every agent that lists tools).
+        agent: Option<String>,
     },
 }
 
@@ -198,6 +214,9 @@ pub fn main() -> i32 {
         Command::Serve => serve::serve(&cli),
         Command::Validate { paths } => validate::validate(&cli, paths),
         Command::Fingerprint { pipeline } => validate::fingerprint(&cli, pipeline),
+        Command::Tools {
+            command: ToolsCommand::List { agent },
+        } => tools::list(&cli, agent.as_deref()),
         Command::Run {
             pipeline,
             payload,

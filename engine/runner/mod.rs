@@ -25,7 +25,7 @@ use crate::pipeline::{Pipeline, PipelineSet};
 use crate::run::context::Normalised;
 use crate::store::{Outcome, RunRecord, Store, Write};
 
-mod agent;
+pub mod agent;
 mod branch;
 mod call;
 mod drive;

@@ -59,6 +59,40 @@ pub(super) fn runs_loop_for(
     !agent.tools.is_empty() || !agent.delegates.is_empty() || scripted
 }
 
+/// One tool an agent may use, as `vectorstep tools list` shows it.
+#[derive(Debug, Clone)]
+pub struct ListedTool {
+    pub name: String,
+    pub source: String,
+    pub effect: ToolEffect,
+    pub needs_approval: bool,
+}
+
+/// The tools `agent` would be offered now (MCP servers are asked), and the
+/// `only` entries a live server does not have (`server/tool`).
+pub async fn list_tools(
+    config: &crate::config::Config,
+    mcp: &crate::mcp::McpServers,
+    agent: &str,
+) -> Result<(Vec<ListedTool>, Vec<String>), String> {
+    let b = Toolbox::gather(config, mcp, agent).await?;
+    let tools = b
+        .tools
+        .iter()
+        .map(|t| ListedTool {
+            name: t.spec.name.clone(),
+            source: match &t.source {
+                toolbox::Source::Declared => "declared".to_string(),
+                toolbox::Source::Mcp { server } => format!("mcp:{server}"),
+            },
+            effect: t.effect,
+            needs_approval: t.needs_approval,
+        })
+        .collect();
+    let missing = b.missing.iter().map(|(s, t)| format!("{s}/{t}")).collect();
+    Ok((tools, missing))
+}
+
 /// One agent step's loop, in the task of its step.
 struct Loop<'a> {
     services: &'a Arc<Services>,

@@ -13,13 +13,13 @@ use crate::mcp::McpServers;
 
 /// Where a tool's calls go.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Source {
+pub(crate) enum Source {
     Declared,
     Mcp { server: String },
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Tool {
+pub(crate) struct Tool {
     pub spec: ToolSpec,
     pub source: Source,
     pub effect: ToolEffect,
@@ -33,17 +33,25 @@ pub(super) struct ToolResult {
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct Toolbox {
+pub(crate) struct Toolbox {
     pub tools: Vec<Tool>,
+    /// `only` entries the live server does not have, as `(server, tool)`: not
+    /// offered (`vectorstep tools list` reports them).
+    pub missing: Vec<(String, String)>,
 }
 
 impl Toolbox {
     /// Gathers the tools `agent` lists, asking each MCP server for its list.
-    pub async fn gather(config: &Config, mcp: &McpServers, agent: &str) -> Result<Toolbox, String> {
+    pub(crate) async fn gather(
+        config: &Config,
+        mcp: &McpServers,
+        agent: &str,
+    ) -> Result<Toolbox, String> {
         let Some(a) = config.agents.get(agent) else {
             return Err(format!("agent `{agent}` is not defined in config.yaml"));
         };
         let mut tools: Vec<Tool> = Vec::new();
+        let mut missing = Vec::new();
         for entry in &a.tools {
             match entry {
                 AgentTool::Declared { name, .. } => {
@@ -66,6 +74,11 @@ impl Toolbox {
                         ));
                     };
                     let listed = mcp.list_tools(server).await.map_err(|e| e.to_string())?;
+                    for wanted in only.iter().flatten() {
+                        if !listed.iter().any(|t| &t.name == wanted) {
+                            missing.push((server.clone(), wanted.clone()));
+                        }
+                    }
                     for t in listed {
                         if only.as_ref().is_some_and(|o| !o.contains(&t.name)) {
                             continue;
@@ -89,7 +102,7 @@ impl Toolbox {
         // Two tools of one name cannot both be offered: the first listed wins.
         let mut seen = std::collections::HashSet::new();
         tools.retain(|t| seen.insert(t.spec.name.clone()));
-        Ok(Toolbox { tools })
+        Ok(Toolbox { tools, missing })
     }
 
     pub fn get(&self, name: &str) -> Option<&Tool> {
@@ -156,7 +169,10 @@ impl Toolbox {
                 needs_approval: e.get("approval").and_then(Value::as_bool).unwrap_or(false),
             });
         }
-        Ok(Toolbox { tools })
+        Ok(Toolbox {
+            tools,
+            missing: Vec::new(),
+        })
     }
 }
 
@@ -220,6 +236,7 @@ mod tests {
     #[test]
     fn a_recorded_list_reads_back_as_it_was() {
         let b = Toolbox {
+            missing: Vec::new(),
             tools: vec![
                 Tool {
                     spec: ToolSpec {
