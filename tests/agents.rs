@@ -15,12 +15,12 @@ use serde_json::{json, Value};
 const MODEL: &str = "/v1/chat/completions";
 const TOOL: &str = "/restart";
 
-/// The model's answer to a request: a tool call until the conversation holds a
-/// tool result, then a final step output.
-fn model_reply(body: &Value) -> Reply {
+/// The model's answer to a request: a tool call until the conversation holds
+/// `calls` tool results, then a final step output.
+fn model_reply(body: &Value, calls: usize) -> Reply {
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
     let results = messages.iter().filter(|m| m["role"] == "tool").count();
-    let message = if results == 0 {
+    let message = if results < calls {
         json!({"role": "assistant", "content": null, "tool_calls": [{
             "id": "call_a", "type": "function",
             "function": {"name": "restart_service", "arguments": "{\"service\": \"api\"}"}}]})
@@ -38,12 +38,17 @@ fn model_reply(body: &Value) -> Reply {
 
 /// A peer for both: `hold` decides which request (path, position) never answers.
 async fn peer(hold: Option<(&'static str, usize)>) -> HoldingPeer {
+    peer_calling(hold, 1).await
+}
+
+/// [`peer`] whose model calls the tool on its first `calls` turns.
+async fn peer_calling(hold: Option<(&'static str, usize)>, calls: usize) -> HoldingPeer {
     HoldingPeer::start(move |r| {
         if hold == Some((r.path.as_str(), r.seq_path)) {
             return Answer::Never;
         }
         match r.path.as_str() {
-            MODEL => Answer::Reply(model_reply(&r.json())),
+            MODEL => Answer::Reply(model_reply(&r.json(), calls)),
             _ => Answer::Reply(Reply::text(200, "deployment api restarted")),
         }
     })
@@ -535,5 +540,59 @@ fn tools_list_connects_and_names_every_tool_with_its_class_and_what_a_server_lac
         out.status.code(),
         Some(1),
         "a missing `only` tool fails the listing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kill_while_the_model_holds_turn_3_asks_only_turn_3_again_and_counts_turns_1_and_2_once()
+{
+    let peer = peer_calling(Some((MODEL, 2)), 2).await;
+    let dir = setup(&peer, "true");
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    peer.wait_for_path(MODEL, 3).await;
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    let keys: Vec<String> = peer
+        .for_path(MODEL)
+        .iter()
+        .map(|r| r.key().to_string())
+        .collect();
+    assert_eq!(keys.len(), 4, "turns 1 and 2 once, turn 3 twice: {keys:?}");
+    assert_eq!(keys[2], keys[3], "turn 3 was asked again with its key");
+    assert_eq!(peer.count_path(TOOL), 2, "each turn's call ran once");
+    assert_eq!(events(&run, "agent_turn_reused")[0]["turns"], 2);
+    // Turns 1 and 2 once, and turn 3's answer: 3 x 110 tokens.
+    assert_eq!(run["tokens_used"], 330, "{run}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_kill_after_the_reply_was_recorded_and_before_the_tool_ran_runs_it_once_and_never_asks_again(
+) {
+    let peer = peer(None).await;
+    let dir = setup(&peer, "true");
+    // The first process stops at the pause point: turn 1's reply and the call's
+    // start are committed, the tool has not run.
+    let mut svc = Service::start_with_env(
+        &dir.root,
+        &[(vectorstep::runner::agent::PAUSE_BEFORE_TOOL_CALL, "1")],
+    )
+    .await;
+    let id = svc.post_run("p", json!({})).await;
+    svc.wait_event(&id, "tool_call_started").await;
+    assert_eq!(peer.count_path(TOOL), 0, "paused before the tool");
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    assert_eq!(peer.count_path(MODEL), 2, "turn 1 was not asked again");
+    let calls = peer.for_path(TOOL);
+    assert_eq!(calls.len(), 1, "the tool ran once in all");
+    assert_eq!(
+        calls[0].attempt(),
+        2,
+        "its first start was recorded before the kill"
     );
 }

@@ -128,8 +128,14 @@ impl Service {
 
     /// Starts `vectorstep serve` on `dir/config.yaml` and waits until it is ready.
     pub async fn start(dir: &Path) -> Service {
+        Service::start_with_env(dir, &[]).await
+    }
+
+    /// [`Service::start`] with `env` set for this first process only (a restart
+    /// starts without it), e.g. a pause point that the kill must land in.
+    pub async fn start_with_env(dir: &Path, env: &[(&str, &str)]) -> Service {
         let log = dir.join("serve.log");
-        let (child, port) = spawn(dir, &log, 1).await;
+        let (child, port) = spawn(dir, &log, 1, env).await;
         let s = Service {
             port,
             child,
@@ -235,7 +241,7 @@ impl Service {
             "restart: the previous process is still running; kill it first"
         );
         self.generation += 1;
-        let (child, port) = spawn(&self.dir, &self.log, self.generation).await;
+        let (child, port) = spawn(&self.dir, &self.log, self.generation, &[]).await;
         self.child = child;
         self.port = port;
         self.wait_ready_within(ready_within).await;
@@ -363,7 +369,7 @@ fn note(log: &Path, line: &str) {
 
 /// Spawns `serve` with stderr appended to `log`, and reads the bound port from the
 /// `vectorstep listening on http://...` line on stdout. `RUST_LOG` passes through.
-async fn spawn(dir: &Path, log: &Path, generation: u32) -> (Child, u16) {
+async fn spawn(dir: &Path, log: &Path, generation: u32, env: &[(&str, &str)]) -> (Child, u16) {
     note(log, &format!("---- start generation {generation}"));
     let stderr = std::fs::OpenOptions::new()
         .append(true)
@@ -376,6 +382,7 @@ async fn spawn(dir: &Path, log: &Path, generation: u32) -> (Child, u16) {
         .arg("serve")
         .current_dir(dir)
         .env_remove("VECTORSTEP_CONFIG")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::from(stderr))

@@ -730,6 +730,7 @@ impl<'a> Loop<'a> {
         );
         self.commit(vec![Write::UpsertToolCall(started), ev])
             .await?;
+        pause_point_before_tool_call().await;
         let t0 = std::time::Instant::now();
         let result = toolbox::run(
             &self.services.config,
@@ -796,6 +797,19 @@ impl<'a> Loop<'a> {
             duration_ms: None,
             ..self.call_record(turn, c, status, attempt, None)
         }
+    }
+}
+
+/// For crash tests only: with this variable set, a call recorded `started` waits
+/// here forever instead of running, so a kill lands exactly between the commit
+/// that recorded the turn's reply (and the call's start) and the tool's effect.
+/// Never set it in production.
+pub const PAUSE_BEFORE_TOOL_CALL: &str = "VECTORSTEP_TEST_PAUSE_BEFORE_TOOL_CALL";
+
+async fn pause_point_before_tool_call() {
+    if std::env::var_os(PAUSE_BEFORE_TOOL_CALL).is_some() {
+        tracing::warn!("{PAUSE_BEFORE_TOOL_CALL} is set: the tool call waits here until the process is killed.");
+        std::future::pending::<()>().await;
     }
 }
 
