@@ -596,3 +596,88 @@ async fn a_kill_after_the_reply_was_recorded_and_before_the_tool_ran_runs_it_onc
         "its first start was recorded before the kill"
     );
 }
+
+/// A script for the scripted provider: for each agent, `n - 1` turns that call the
+/// `probe` tool, then a final answer.
+fn long_script(agents: &[(&str, usize)]) -> String {
+    let mut s = String::from("agents:\n");
+    for (name, n) in agents {
+        s.push_str(&format!("  {name}:\n    turns:\n"));
+        for i in 1..*n {
+            s.push_str(&format!(
+                "      - tool_calls: [{{name: probe, arguments: {{n: {i}}}}}]\n        usage: {{input_tokens: 10, output_tokens: 1}}\n"
+            ));
+        }
+        s.push_str(
+            "      - final: {confidence: 0.9, summary: done, next_step_context: \"\"}\n        usage: {input_tokens: 10, output_tokens: 1}\n",
+        );
+    }
+    s
+}
+
+/// The bytes a step's journal holds: every turn's messages and reply, every
+/// call's arguments and result.
+fn journal_bytes(j: &vectorstep::store::StepJournal) -> usize {
+    let turns: usize = j
+        .turns
+        .iter()
+        .map(|t| t.messages_json.len() + t.reply_json.as_ref().map_or(0, String::len))
+        .sum();
+    let calls: usize = j
+        .calls
+        .iter()
+        .map(|c| c.arguments_json.len() + c.result_json.as_ref().map_or(0, String::len))
+        .sum();
+    turns + calls
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_journal_grows_linearly_with_its_turns() {
+    let dir = Scratch::new();
+    let script = dir.root.join("script.yaml");
+    std::fs::write(&script, long_script(&[("a100", 100), ("a200", 200)])).unwrap();
+    dir.write_config(&format!(
+        "providers:\n  demo: {{kind: scripted, script: {script:?}}}\n\
+         agents:\n  a100: {{provider: demo, model: scripted, tools: [probe], max_turns: 300}}\n  \
+         a200: {{provider: demo, model: scripted, tools: [probe], max_turns: 300}}\n\
+         tools:\n  probe:\n    description: Probe\n    parameters: {{type: object}}\n    \
+         shell: {{command: [echo, ok]}}\n    effect: read\n",
+        script = script.display().to_string(),
+    ));
+    for (name, agent) in [("p100", "a100"), ("p200", "a200")] {
+        dir.write_pipeline(
+            name,
+            &format!(
+                "name: {name}\nstage: production\ntrigger: {{}}\ndurable: true\nsteps:\n  - name: s\n    executor: agent\n    executor_config: {{agent: {agent}}}\n    prompt_template: \"Probe.\"\n"
+            ),
+        );
+    }
+    let svc = Service::start(&dir.root).await;
+    let short = svc.post_run("p100", json!({})).await;
+    let long = svc.post_run("p200", json!({})).await;
+    for id in [&short, &long] {
+        let run = svc
+            .wait_until(
+                id,
+                |r| r["status"] != "running",
+                std::time::Duration::from_secs(120),
+            )
+            .await;
+        assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    }
+    let store = dir.open_store();
+    let bytes = |id: &str| {
+        let j = store.journal(id, "s").expect("the journal reads");
+        assert!(!j.turns.is_empty());
+        (j.turns.len(), journal_bytes(&j))
+    };
+    let (n100, b100) = bytes(&short);
+    let (n200, b200) = bytes(&long);
+    assert_eq!((n100, n200), (100, 200));
+    let ratio = b200 as f64 / b100 as f64;
+    // Twice the turns: about twice the bytes (the square would give 4).
+    assert!(
+        (1.8..2.3).contains(&ratio),
+        "journal bytes {b100} for 100 turns, {b200} for 200: ratio {ratio:.2}"
+    );
+}
