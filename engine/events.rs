@@ -422,6 +422,18 @@ catalogue! {
         call_index: u32,
         tool: String,
     }
+    /// A sub-agent answered a delegation.
+    DelegationCompleted = "delegation_completed" [Info] {
+        step: String,
+        agent: String,
+        key: String,
+    }
+    /// A resumed step reused a delegation's recorded answer.
+    DelegationReused = "delegation_reused" [Info] {
+        step: String,
+        agent: String,
+        key: String,
+    }
     /// A notification was delivered.
     NotificationSent = "notification_sent" [Info] {
         action: String,

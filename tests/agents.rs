@@ -681,3 +681,111 @@ async fn a_journal_grows_linearly_with_its_turns() {
         "journal bytes {b100} for 100 turns, {b200} for 200: ratio {ratio:.2}"
     );
 }
+
+/// The user message of a model request (the question a helper is asked).
+fn user_text(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_delegations_run_at_once_and_a_kill_after_two_answered_asks_only_the_other_two_again()
+{
+    // The lead delegates four questions in one turn; the helper answers q1 and q2
+    // and, in the first process, never answers q3 and q4.
+    let first_process = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let gate = first_process.clone();
+    let peer = HoldingPeer::start(move |r| {
+        let body = r.json();
+        let system = body["messages"][0]["content"].as_str().unwrap_or("").to_string();
+        let results = body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
+        let message = if system == "LEAD" && results == 0 {
+            let calls: Vec<Value> = (1..=4)
+                .map(|i| {
+                    json!({"id": format!("call_{i}"), "type": "function", "function": {
+                        "name": "delegate",
+                        "arguments": json!({"agent": "helper", "question": format!("q{i}")}).to_string()}})
+                })
+                .collect();
+            json!({"role": "assistant", "content": null, "tool_calls": calls})
+        } else {
+            let q = user_text(&body);
+            if system == "HELPER"
+                && (q == "q3" || q == "q4")
+                && gate.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                return Answer::Never;
+            }
+            let summary = if system == "LEAD" { "all answered".to_string() } else { format!("answer to {q}") };
+            let answer = json!({"confidence": 0.9, "summary": summary, "next_step_context": ""});
+            json!({"role": "assistant", "content": answer.to_string()})
+        };
+        Answer::Reply(Reply::json(
+            200,
+            json!({"choices": [{"index": 0, "message": message}],
+                   "usage": {"prompt_tokens": 10, "completion_tokens": 1}}),
+        ))
+    })
+    .await;
+    let dir = Scratch::new();
+    dir.write_config(&format!(
+        "providers:\n  fake: {{base_url: \"{url}/v1\"}}\n\
+         agents:\n  lead: {{provider: fake, model: m, system_prompt: LEAD, delegates: [helper]}}\n  \
+         helper: {{provider: fake, model: m, system_prompt: HELPER}}\n",
+        url = peer.url()
+    ));
+    dir.write_pipeline(
+        "p",
+        "name: p\nstage: production\ntrigger: {}\ndurable: true\nsteps:\n  - name: triage\n    executor: agent\n    executor_config: {agent: lead}\n    prompt_template: \"Ask around.\"\n",
+    );
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    svc.wait_until(
+        &id,
+        |r| events(r, "delegation_completed").len() == 2,
+        std::time::Duration::from_secs(30),
+    )
+    .await;
+    // All four were asked at once: q3 and q4 are held while q1 and q2 answered.
+    peer.wait_for("q3 and q4 asked", |seen| {
+        seen.iter()
+            .filter(|r| r.path == MODEL && ["q3", "q4"].contains(&user_text(&r.json()).as_str()))
+            .count()
+            == 2
+    })
+    .await;
+    svc.kill9();
+    first_process.store(false, std::sync::atomic::Ordering::SeqCst);
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    let asked = |q: &str| {
+        peer.for_path(MODEL)
+            .iter()
+            .filter(|r| user_text(&r.json()) == q)
+            .count()
+    };
+    assert_eq!(
+        (asked("q1"), asked("q2")),
+        (1, 1),
+        "answered before the kill: never asked again"
+    );
+    assert_eq!(
+        (asked("q3"), asked("q4")),
+        (2, 2),
+        "in flight at the kill: asked once more"
+    );
+    assert_eq!(
+        events(&run, "delegation_reused").len(),
+        2,
+        "{:?}",
+        event_names(&run)
+    );
+    assert_eq!(step(&run, "triage")["output"]["summary"], "all answered");
+}

@@ -23,7 +23,7 @@ use super::human::tool as human_tool;
 use super::unit::{CallFailure, UnitFacts};
 use super::Services;
 use crate::agent::openai::{self, AssistantReply, ToolSpec};
-use crate::domain::{ToolCallStatus, ToolEffect, TurnStatus};
+use crate::domain::{DelegationStatus, ToolCallStatus, ToolEffect, TurnStatus};
 use crate::events::Event;
 use crate::executor::{agent as single, Call, Outcome};
 use crate::pipeline::{ExecutorConfig, OnInterrupted};
@@ -84,6 +84,7 @@ pub async fn list_tools(
             source: match &t.source {
                 toolbox::Source::Declared => "declared".to_string(),
                 toolbox::Source::Mcp { server } => format!("mcp:{server}"),
+                toolbox::Source::Delegate => "delegate".to_string(),
             },
             effect: t.effect,
             needs_approval: t.needs_approval,
@@ -113,12 +114,17 @@ struct Loop<'a> {
     /// The run's spending before this step, and its budget.
     spent: Usage,
     budget: Option<&'a crate::pipeline::Budget>,
+    /// What the step's own calls need to start a delegation's loop.
+    facts: UnitFacts<'a>,
+    policy: OnInterrupted,
+    /// Delegations completed before a restart, by key: their answers are reused.
+    delegated: std::collections::HashMap<String, Value>,
 }
 
-pub(super) async fn run(
-    services: &Arc<Services>,
-    call: &Call<'_>,
-    facts: UnitFacts<'_>,
+pub(super) async fn run<'a>(
+    services: &'a Arc<Services>,
+    call: &'a Call<'a>,
+    facts: UnitFacts<'a>,
     policy: OnInterrupted,
 ) -> Result<Outcome, CallFailure> {
     let ExecutorConfig::Agent(a) = &call.action.config else {
@@ -128,12 +134,6 @@ pub(super) async fn run(
     };
     let config = &services.config;
     let model = Model::new(config, &services.http, &a.agent).map_err(model_failure)?;
-    if !model.agent.delegates.is_empty() {
-        return Err(CallFailure::Config(format!(
-            "agent `{}` lists `delegates`, which this build does not run yet",
-            a.agent
-        )));
-    }
     let iteration = facts.record.iteration;
     let recorded = super::persist::read(services, call.run_id, || {
         services.store.journal(call.run_id, call.step_path)
@@ -167,6 +167,18 @@ pub(super) async fn run(
         stage: facts.stage.to_string(),
         spent: facts.spent,
         budget: facts.budget,
+        facts,
+        policy,
+        delegated: plan
+            .delegations
+            .iter()
+            .filter_map(|d| match &d.action {
+                journal::DelegationAction::Reuse { output } => {
+                    Some((d.key.clone(), output.clone()))
+                }
+                journal::DelegationAction::Run => None,
+            })
+            .collect(),
     };
     let metric =
         |outcome: &str, n: u64| crate::telemetry::agent_turns(call.pipeline, &a.agent, outcome, n);
@@ -214,6 +226,53 @@ pub(super) async fn run(
         }
     };
     lp.turns(turn, conversation, new_messages).await
+}
+
+/// One question put to another agent through the `delegate` tool.
+struct Delegation {
+    agent: String,
+    question: String,
+    context: String,
+    key: String,
+    path: String,
+}
+
+impl Delegation {
+    fn of(arguments: &Value, step_path: &str) -> Delegation {
+        let text = |k: &str| {
+            arguments
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let (agent, question, context) = (text("agent"), text("question"), text("context"));
+        let key = journal::delegation_key(&agent, &question, &context);
+        let path = journal::delegation_path(step_path, &key);
+        Delegation {
+            agent,
+            question,
+            context,
+            key,
+            path,
+        }
+    }
+
+    fn prompt(&self) -> String {
+        if self.context.is_empty() {
+            self.question.clone()
+        } else {
+            format!("{}\n\nContext:\n{}", self.question, self.context)
+        }
+    }
+}
+
+fn failure_text(e: &CallFailure) -> String {
+    match e {
+        CallFailure::Error(m) | CallFailure::Config(m) | CallFailure::Escalate(m) => m.clone(),
+        CallFailure::Drained => "the service is shutting down".into(),
+        CallFailure::Parked => "parked".into(),
+    }
 }
 
 /// A tool call the loop still has to settle, and how.
@@ -516,6 +575,7 @@ impl<'a> Loop<'a> {
         turn: u32,
         calls: Vec<PendingCall>,
     ) -> Result<Vec<Value>, CallFailure> {
+        let mut delegated = self.run_delegations(turn, &calls).await?;
         let mut messages = Vec::new();
         for c in calls {
             let result = match c.action {
@@ -580,7 +640,10 @@ impl<'a> Loop<'a> {
                         },
                     }
                 }
-                PendingAction::Run { attempt } => self.run_call(turn, &c, attempt).await?,
+                PendingAction::Run { attempt } => match delegated.remove(&c.index) {
+                    Some(r) => r,
+                    None => self.run_call(turn, &c, attempt).await?,
+                },
             };
             let status = if result.failed {
                 ToolCallStatus::Failed
@@ -631,6 +694,185 @@ impl<'a> Loop<'a> {
             messages.push(journal::tool_message(&c.call_id, &text));
         }
         Ok(messages)
+    }
+
+    /// Runs this turn's `delegate` calls, all at once: their `started` rows in one
+    /// commit, then every sub-agent concurrently. Results by call index.
+    async fn run_delegations(
+        &mut self,
+        turn: u32,
+        calls: &[PendingCall],
+    ) -> Result<std::collections::HashMap<u32, toolbox::ToolResult>, CallFailure> {
+        let mut out = std::collections::HashMap::new();
+        let mut started = Vec::new();
+        let mut jobs = Vec::new();
+        for c in calls {
+            let PendingAction::Run { attempt } = c.action else {
+                continue;
+            };
+            let Some(tool) = self.toolbox.get(&c.tool).cloned() else {
+                continue;
+            };
+            if tool.source != toolbox::Source::Delegate {
+                continue;
+            }
+            let ask = Delegation::of(&c.arguments, self.call.step_path);
+            if let Some(answer) = self.delegated.get(&ask.key) {
+                let ev = self.ev(
+                    Event::DelegationReused {
+                        step: self.call.step_path.to_string(),
+                        agent: ask.agent.clone(),
+                        key: ask.key.clone(),
+                    },
+                    format!(
+                        "{}: the answer of `{}` was reused",
+                        self.call.step_path, ask.agent
+                    ),
+                );
+                self.pending.push(ev);
+                let text = match answer {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                out.insert(
+                    c.index,
+                    toolbox::ToolResult {
+                        text,
+                        failed: false,
+                    },
+                );
+                continue;
+            }
+            started.push(Write::UpsertToolCall(self.call_record_of(
+                turn,
+                c,
+                &tool,
+                ToolCallStatus::Started,
+                attempt,
+            )));
+            started.push(Write::UpsertDelegation(self.delegation_record(
+                &ask,
+                DelegationStatus::Started,
+                None,
+            )));
+            jobs.push((c.index, ask));
+        }
+        if jobs.is_empty() {
+            return Ok(out);
+        }
+        self.commit(started).await?;
+        let asks = jobs.iter().map(|(_, ask)| self.delegate(ask));
+        let answers = futures::future::join_all(asks).await;
+        // The sub-agents' turns are in the journal (also those reused from before a
+        // restart, which the plan already counted): the usage is read back from it
+        // rather than added up, so nothing counts twice.
+        let journal = super::persist::read(self.services, self.call.run_id, || {
+            self.services
+                .store
+                .journal(self.call.run_id, self.call.step_path)
+        })
+        .await
+        .map_err(|e| CallFailure::Error(e.to_string()))?;
+        self.usage = journal.usage_of_iteration(self.iteration);
+        for ((index, _), answer) in jobs.into_iter().zip(answers) {
+            out.insert(index, answer?);
+        }
+        Ok(out)
+    }
+
+    /// One delegation: the sub-agent's loop, then its row settled in a commit of
+    /// its own as soon as it ends (a kill after two of four answered keeps two).
+    async fn delegate(&self, ask: &Delegation) -> Result<toolbox::ToolResult, CallFailure> {
+        let answer = self.sub_agent(ask).await;
+        let (status, result) = match answer {
+            Ok(o) => (
+                DelegationStatus::Completed,
+                toolbox::ToolResult {
+                    text: o.output.to_json().to_string(),
+                    failed: false,
+                },
+            ),
+            Err(CallFailure::Drained) => return Err(CallFailure::Drained),
+            Err(e) => (
+                DelegationStatus::Failed,
+                toolbox::ToolResult {
+                    text: format!(
+                        "error: agent `{}` could not answer: {}",
+                        ask.agent,
+                        failure_text(&e)
+                    ),
+                    failed: true,
+                },
+            ),
+        };
+        let output =
+            (status == DelegationStatus::Completed).then(|| Value::String(result.text.clone()));
+        let mut writes = vec![Write::UpsertDelegation(
+            self.delegation_record(ask, status, output),
+        )];
+        if status == DelegationStatus::Completed {
+            writes.push(self.ev(
+                Event::DelegationCompleted {
+                    step: self.call.step_path.to_string(),
+                    agent: ask.agent.clone(),
+                    key: ask.key.clone(),
+                },
+                format!("{}: `{}` answered", self.call.step_path, ask.agent),
+            ));
+        }
+        super::persist::commit(self.services, self.call.run_id, writes)
+            .await
+            .map_err(|e| CallFailure::Error(e.to_string()))?;
+        Ok(result)
+    }
+
+    /// The sub-agent's own loop, journaled under the delegation's path.
+    async fn sub_agent(&self, ask: &Delegation) -> Result<Outcome, CallFailure> {
+        let config =
+            crate::pipeline::ExecutorConfig::Agent(crate::pipeline::executor_config::AgentConfig {
+                agent: ask.agent.clone(),
+            });
+        let action = crate::pipeline::Action {
+            config,
+            agent: Some(ask.agent.clone()),
+            ..self.call.action.clone()
+        };
+        let key = format!("{}:{}", self.call.idempotency_key, ask.path);
+        let call = Call {
+            run_id: self.call.run_id,
+            pipeline: self.call.pipeline,
+            step_path: &ask.path,
+            idempotency_key: &key,
+            attempt: self.call.attempt,
+            action: &action,
+            prompt: ask.prompt(),
+            rendered: Default::default(),
+            timeout: self.call.timeout,
+        };
+        let mut facts = self.facts;
+        facts.spent.add(&self.usage);
+        Box::pin(run(self.services, &call, facts, self.policy)).await
+    }
+
+    fn delegation_record(
+        &self,
+        ask: &Delegation,
+        status: DelegationStatus,
+        output: Option<Value>,
+    ) -> crate::store::DelegationRecord {
+        let now = self.services.now_ms();
+        crate::store::DelegationRecord {
+            run_id: self.call.run_id.to_string(),
+            step_path: self.call.step_path.to_string(),
+            key: ask.key.clone(),
+            agent: ask.agent.clone(),
+            question: ask.question.clone(),
+            status,
+            output_json: output.map(|o| o.to_string()),
+            journal_path: ask.path.clone(),
+            started_at: now,
+            finished_at: (status != DelegationStatus::Started).then_some(now),
+        }
     }
 
     /// Puts call `c` to a human: the approval row, the call's `waiting` record and

@@ -15,7 +15,11 @@ use crate::mcp::McpServers;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Source {
     Declared,
-    Mcp { server: String },
+    Mcp {
+        server: String,
+    },
+    /// The built-in `delegate` tool: another agent answers (see `agent::delegate`).
+    Delegate,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -99,6 +103,15 @@ impl Toolbox {
                 }
             }
         }
+        if !a.delegates.is_empty() {
+            tools.push(Tool {
+                spec: crate::agent::openai::delegate_tool(&a.delegates),
+                source: Source::Delegate,
+                // A delegation may be asked again: its own journal keeps its effects.
+                effect: ToolEffect::Read,
+                needs_approval: false,
+            });
+        }
         // Two tools of one name cannot both be offered: the first listed wins.
         let mut seen = std::collections::HashSet::new();
         tools.retain(|t| seen.insert(t.spec.name.clone()));
@@ -126,6 +139,7 @@ impl Toolbox {
                         "source": match &t.source {
                             Source::Declared => "declared".to_string(),
                             Source::Mcp { server } => format!("mcp:{server}"),
+                            Source::Delegate => "delegate".to_string(),
                         },
                         "effect": t.effect.as_str(),
                         "approval": t.needs_approval,
@@ -153,6 +167,7 @@ impl Toolbox {
                     server: server.to_string(),
                 },
                 None if source == "declared" => Source::Declared,
+                None if source == "delegate" => Source::Delegate,
                 None => return Err(format!("a recorded tool has an unknown source `{source}`")),
             };
             let effect = effect
@@ -210,6 +225,11 @@ pub(super) async fn run(
                 },
             }
         }
+        // Run by the loop itself (it needs the journal); never reaches here.
+        Source::Delegate => ToolResult {
+            text: "error: delegations are run by the agent loop".into(),
+            failed: true,
+        },
         Source::Mcp { server } => {
             let args: Map<String, Value> = arguments.as_object().cloned().unwrap_or_default();
             match mcp
