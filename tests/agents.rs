@@ -789,3 +789,27 @@ async fn four_delegations_run_at_once_and_a_kill_after_two_answered_asks_only_th
     );
     assert_eq!(step(&run, "triage")["output"]["summary"], "all answered");
 }
+
+#[test]
+fn validate_reads_the_scripted_providers_script_and_names_what_is_wrong_with_it() {
+    let dir = Scratch::new();
+    let script = dir.root.join("script.yaml");
+    std::fs::write(&script, "turns:\n  - final: {confidence: 0.9, summary: ok, next_step_context: \"\"}\n  - bogus: 1\n").unwrap();
+    dir.write_config(&format!(
+        "providers:\n  demo: {{kind: scripted, script: {script:?}}}\nagents:\n  a: {{provider: demo, model: scripted}}\n",
+        script = script.display().to_string(),
+    ));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vectorstep"))
+        .arg("--config")
+        .arg(dir.config_path())
+        .arg("validate")
+        .output()
+        .expect("vectorstep validate runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("provider `demo`"), "{stderr}");
+    assert!(
+        stderr.contains("script.yaml:3:"),
+        "the problem's line: {stderr}"
+    );
+}

@@ -25,7 +25,11 @@ pub fn load_pipelines(config: &Config, paths: &[PathBuf]) -> anyhow::Result<Pipe
 
 pub fn validate(cli: &Cli, paths: &[PathBuf]) -> anyhow::Result<i32> {
     let config = load_config(&cli.config)?;
+    let scripts = check_scripts(&config);
     let set = load_pipelines(&config, paths)?;
+    if scripts > 0 {
+        anyhow::bail!("{scripts} scripted provider script(s) cannot be used");
+    }
     println!("{} pipelines OK", set.len());
     Ok(0)
 }
@@ -70,4 +74,19 @@ pub fn fingerprint(cli: &Cli, name_or_file: &str) -> anyhow::Result<i32> {
         .ok_or_else(|| anyhow::anyhow!("pipeline `{name}` vanished"))?;
     println!("{}", p.fingerprint);
     Ok(0)
+}
+
+/// Loads the script of every `scripted` provider, printing what is wrong with it
+/// (at its file and line); the number of scripts that failed.
+fn check_scripts(config: &Config) -> usize {
+    let mut failed = 0;
+    for (name, p) in &config.providers {
+        if let vectorstep::config::ProviderKind::Scripted { script } = &p.kind {
+            if let Err(e) = vectorstep::agent::scripted::Script::load(script) {
+                eprintln!("provider `{name}`: {e}");
+                failed += 1;
+            }
+        }
+    }
+    failed
 }

@@ -486,6 +486,70 @@ pub(super) fn check_references(
             }
         }
     }
+    check_delegate_cycles(agents, delegate_spans, d);
+}
+
+/// Agents that delegate in a circle (`a` → `b` → `a`): a delegation could never
+/// end. Each circle is reported once, at the delegate entry that closes it.
+fn check_delegate_cycles(
+    agents: &BTreeMap<String, Agent>,
+    delegate_spans: &BTreeMap<String, Vec<(String, Span)>>,
+    d: &mut Diagnostics,
+) {
+    fn visit(
+        name: &str,
+        agents: &BTreeMap<String, Agent>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+        circles: &mut Vec<Vec<String>>,
+    ) {
+        if let Some(at) = path.iter().position(|p| p == name) {
+            circles.push(path[at..].to_vec());
+            return;
+        }
+        if done.contains(name) {
+            return;
+        }
+        let Some(agent) = agents.get(name) else {
+            return;
+        };
+        path.push(name.to_string());
+        for next in &agent.delegates {
+            if next != name {
+                visit(next, agents, path, done, circles);
+            }
+        }
+        path.pop();
+        done.insert(name.to_string());
+    }
+    let mut circles = Vec::new();
+    let mut done = BTreeSet::new();
+    for name in agents.keys() {
+        visit(name, agents, &mut Vec::new(), &mut done, &mut circles);
+    }
+    let mut reported: BTreeSet<Vec<String>> = BTreeSet::new();
+    for circle in circles {
+        let mut members = circle.clone();
+        members.sort();
+        if !reported.insert(members) {
+            continue;
+        }
+        let (Some(last), Some(first)) = (circle.last(), circle.first()) else {
+            continue;
+        };
+        let spans = delegate_spans.get(last).map(Vec::as_slice).unwrap_or(&[]);
+        let Some((i, (_, span))) = spans.iter().enumerate().find(|(_, (n, _))| n == first) else {
+            continue;
+        };
+        let mut shown = circle.clone();
+        shown.push(first.clone());
+        d.error_hint(
+            span,
+            &format!("agents.{last}.delegates[{i}]"),
+            format!("agents delegate in a circle: {}", shown.join(" -> ")),
+            "a delegation could never end; let one of them answer without delegating back",
+        );
+    }
 }
 
 /// The keys written under the top-level mapping `key`, valid or not.

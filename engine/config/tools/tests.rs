@@ -289,3 +289,21 @@ fn the_sample_config_loads() {
     };
     assert!(script.is_file(), "{script:?}");
 }
+
+#[test]
+fn agents_delegating_in_a_circle_are_an_error_at_the_entry_that_closes_it() {
+    let got = load(&format!(
+        "{BASE}agents:\n  a: {{provider: local, model: m, delegates: [b]}}\n  b: {{provider: local, model: m, delegates: [c]}}\n  c: {{provider: local, model: m, delegates: [a]}}\n  d: {{provider: local, model: m, delegates: [a]}}\n"
+    ))
+    .unwrap_err();
+    assert_eq!(got.matches("delegate in a circle").count(), 1, "{got}");
+    assert!(
+        got.contains("agents.c.delegates[0]: agents delegate in a circle: a -> b -> c -> a"),
+        "{got}"
+    );
+    // No circle, no error: a chain is fine.
+    assert!(load(&format!(
+        "{BASE}agents:\n  a: {{provider: local, model: m, delegates: [b]}}\n  b: {{provider: local, model: m, delegates: [c]}}\n  c: {{provider: local, model: m}}\n"
+    ))
+    .is_ok());
+}
