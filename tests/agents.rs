@@ -89,6 +89,23 @@ fn setup_full(
     dir
 }
 
+/// Starts `serve` on `dir` and a run of `p`, kills `serve` with SIGKILL once `peer`
+/// has seen `n` requests to `path`, starts it again and waits for the run to end.
+async fn killed_at(
+    dir: &Scratch,
+    peer: &HoldingPeer,
+    path: &str,
+    n: usize,
+) -> (Service, String, Value) {
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    peer.wait_for_path(path, n).await;
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    (svc, id, run)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_agent_calls_its_tool_once_and_answers_from_the_result() {
     let peer = peer(None).await;
@@ -146,12 +163,7 @@ async fn an_agent_calls_its_tool_once_and_answers_from_the_result() {
 async fn a_kill_during_the_tool_call_reruns_it_with_the_same_key_and_never_asks_turn_1_again() {
     let peer = peer(Some((TOOL, 0))).await;
     let dir = setup(&peer, "true");
-    let mut svc = Service::start(&dir.root).await;
-    let id = svc.post_run("p", json!({})).await;
-    peer.wait_for_path(TOOL, 1).await;
-    svc.kill9();
-    svc.restart().await;
-    let run = svc.wait_terminal(&id).await;
+    let (_svc, id, run) = killed_at(&dir, &peer, TOOL, 1).await;
     assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
     // Turn 1 was answered before the kill: its reply is reused, never asked again.
     assert_eq!(
@@ -183,12 +195,7 @@ async fn a_kill_after_the_tool_result_was_recorded_never_runs_the_tool_again() {
     // the commit that started turn 2, before the model was asked.
     let peer = peer(Some((MODEL, 1))).await;
     let dir = setup(&peer, "true");
-    let mut svc = Service::start(&dir.root).await;
-    let id = svc.post_run("p", json!({})).await;
-    peer.wait_for_path(MODEL, 2).await;
-    svc.kill9();
-    svc.restart().await;
-    let run = svc.wait_terminal(&id).await;
+    let (_svc, _id, run) = killed_at(&dir, &peer, MODEL, 2).await;
     assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
     assert_eq!(peer.count_path(TOOL), 1, "the tool's result was reused");
     // Turn 2 was in flight: asked again (billed twice); turn 1 never again.
@@ -221,12 +228,7 @@ async fn a_kill_after_the_tool_result_was_recorded_never_runs_the_tool_again() {
 async fn a_kill_during_the_first_model_call_asks_it_again_and_runs_the_tool_once() {
     let peer = peer(Some((MODEL, 0))).await;
     let dir = setup(&peer, "true");
-    let mut svc = Service::start(&dir.root).await;
-    let id = svc.post_run("p", json!({})).await;
-    peer.wait_for_path(MODEL, 1).await;
-    svc.kill9();
-    svc.restart().await;
-    let run = svc.wait_terminal(&id).await;
+    let (svc, _id, run) = killed_at(&dir, &peer, MODEL, 1).await;
     assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
     // Turn 1 was in flight: asked again once (billed twice), then turn 2.
     assert_eq!(peer.count_path(MODEL), 3);
@@ -257,12 +259,7 @@ async fn a_kill_during_the_first_model_call_asks_it_again_and_runs_the_tool_once
 async fn under_escalate_a_write_call_in_flight_is_never_run_again_and_the_step_escalates() {
     let peer = peer(Some((TOOL, 0))).await;
     let dir = setup(&peer, "{on_interrupted: escalate}");
-    let mut svc = Service::start(&dir.root).await;
-    let id = svc.post_run("p", json!({})).await;
-    peer.wait_for_path(TOOL, 1).await;
-    svc.kill9();
-    svc.restart().await;
-    let run = svc.wait_terminal(&id).await;
+    let (_svc, _id, run) = killed_at(&dir, &peer, TOOL, 1).await;
     assert_eq!(run["status"], "escalated", "{:?}", event_names(&run));
     assert_eq!(peer.count_path(TOOL), 1, "the write call was not run again");
     assert_eq!(peer.count_path(MODEL), 1, "nothing more was asked");
@@ -354,12 +351,7 @@ async fn the_budget_counts_turns_spent_before_a_kill_and_stops_the_loop_before_t
     // 1's usage is the journal.
     let peer = peer(Some((TOOL, 0))).await;
     let dir = setup_full(&peer, "true", "", "budget: {max_tokens: 100}\n");
-    let mut svc = Service::start(&dir.root).await;
-    let id = svc.post_run("p", json!({})).await;
-    peer.wait_for_path(TOOL, 1).await;
-    svc.kill9();
-    svc.restart().await;
-    let run = svc.wait_terminal(&id).await;
+    let (_svc, _id, run) = killed_at(&dir, &peer, TOOL, 1).await;
     assert_eq!(run["status"], "aborted", "{:?}", event_names(&run));
     assert_eq!(
         events(&run, "budget_exceeded").len(),
@@ -548,12 +540,7 @@ async fn a_kill_while_the_model_holds_turn_3_asks_only_turn_3_again_and_counts_t
 {
     let peer = peer_calling(Some((MODEL, 2)), 2).await;
     let dir = setup(&peer, "true");
-    let mut svc = Service::start(&dir.root).await;
-    let id = svc.post_run("p", json!({})).await;
-    peer.wait_for_path(MODEL, 3).await;
-    svc.kill9();
-    svc.restart().await;
-    let run = svc.wait_terminal(&id).await;
+    let (_svc, _id, run) = killed_at(&dir, &peer, MODEL, 3).await;
     assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
     let keys: Vec<String> = peer
         .for_path(MODEL)
