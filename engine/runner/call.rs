@@ -58,7 +58,14 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
                     .durable
                     .as_ref()
                     .map_or(OnInterrupted::Rerun, |d| d.on_interrupted);
-                Box::pin(super::agent::run(spec.services, &call, spec.facts, policy)).await
+                Box::pin(super::agent::run(
+                    spec.services,
+                    &call,
+                    spec.facts,
+                    policy,
+                    spec.human,
+                ))
+                .await
             }
             // Queued in the outbox, which delivers and retries it (see `outbox`).
             ExecutorKind::Notify => {

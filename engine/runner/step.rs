@@ -18,9 +18,11 @@ use crate::store::Write;
 
 /// Whether this step's wait for a human may park the run: only a top-level step
 /// that asks once (no `retry`, no `loop_until`, whose bookkeeping lives in this
-/// task), in a run no parent awaits, in a process that parks (`serve`).
+/// task), in a run no parent awaits, in a process that parks (`serve`). A human
+/// step parks on its approval, a tool-using agent step on a tool call's approval
+/// (its loop is resumed from the journal when the run is driven again).
 fn may_park(rs: &RunState, step: &Step) -> bool {
-    step.action.executor == ExecutorKind::Human
+    asks_human(rs, step)
         && step.loop_until.is_none()
         && step.retry.as_ref().is_none_or(|r| r.attempts <= 1)
         && rs.run.parent_run_id.is_none()
@@ -60,9 +62,15 @@ pub(super) fn opening(
     (rec, started)
 }
 
-/// Whether `entry` is a step whose human wait parks the run (see `may_park`).
+fn asks_human(rs: &RunState, step: &Step) -> bool {
+    step.action.executor == ExecutorKind::Human
+        || super::agent::runs_loop_for(&rs.services.config, &step.action)
+}
+
+/// Whether `entry` is a human step that parks the run at once (see `may_park`);
+/// an agent step first runs its turns, for as long as they take.
 pub(super) fn parks(rs: &RunState, entry: &Entry) -> bool {
-    matches!(entry, Entry::Step(s) if may_park(rs, s))
+    matches!(entry, Entry::Step(s) if s.action.executor == ExecutorKind::Human && may_park(rs, s))
 }
 
 pub(super) async fn run(

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::human::tool as human_tool;
-use super::unit::{CallFailure, UnitFacts};
+use super::unit::{CallFailure, HumanMode, UnitFacts};
 use super::Services;
 use crate::agent::openai::{self, AssistantReply, ToolSpec};
 use crate::domain::{DelegationStatus, ToolCallStatus, ToolEffect, TurnStatus};
@@ -117,6 +117,10 @@ struct Loop<'a> {
     /// What the step's own calls need to start a delegation's loop.
     facts: UnitFacts<'a>,
     policy: OnInterrupted,
+    /// Whether a tool approval may park the run, and whether this drive is the one
+    /// that unparked it (what was reused is then not logged again: to the run log a
+    /// parked wait is one uninterrupted wait). Delegations never park.
+    human: HumanMode,
     /// Delegations completed before a restart, by key: their answers are reused.
     delegated: std::collections::HashMap<String, Value>,
 }
@@ -126,6 +130,7 @@ pub(super) async fn run<'a>(
     call: &'a Call<'a>,
     facts: UnitFacts<'a>,
     policy: OnInterrupted,
+    human: HumanMode,
 ) -> Result<Outcome, CallFailure> {
     let ExecutorConfig::Agent(a) = &call.action.config else {
         return Err(CallFailure::Config(
@@ -169,6 +174,7 @@ pub(super) async fn run<'a>(
         budget: facts.budget,
         facts,
         policy,
+        human,
         delegated: plan
             .delegations
             .iter()
@@ -182,7 +188,7 @@ pub(super) async fn run<'a>(
     };
     let metric =
         |outcome: &str, n: u64| crate::telemetry::agent_turns(call.pipeline, &a.agent, outcome, n);
-    if plan.reused_turns() > 0 {
+    if plan.reused_turns() > 0 && !human.unparked {
         metric("reused", u64::from(plan.reused_turns()));
         lp.pending.push(lp.ev(
             Event::AgentTurnReused {
@@ -580,20 +586,22 @@ impl<'a> Loop<'a> {
         for c in calls {
             let result = match c.action {
                 PendingAction::Reuse(ref result) => {
-                    let ev = self.ev(
-                        Event::ToolCallReused {
-                            step: self.call.step_path.to_string(),
-                            turn,
-                            call_index: c.index,
-                            tool: c.tool.clone(),
-                        },
-                        format!(
-                            "{}: recorded result of `{}` reused",
-                            self.call.step_path, c.tool
-                        ),
-                    );
-                    self.pending.push(ev);
-                    self.tool_metric(&c.tool, "reused");
+                    if !self.human.unparked {
+                        let ev = self.ev(
+                            Event::ToolCallReused {
+                                step: self.call.step_path.to_string(),
+                                turn,
+                                call_index: c.index,
+                                tool: c.tool.clone(),
+                            },
+                            format!(
+                                "{}: recorded result of `{}` reused",
+                                self.call.step_path, c.tool
+                            ),
+                        );
+                        self.pending.push(ev);
+                        self.tool_metric(&c.tool, "reused");
+                    }
                     messages.push(journal::tool_message(&c.call_id, result));
                     continue;
                 }
@@ -612,10 +620,18 @@ impl<'a> Loop<'a> {
                 }
                 PendingAction::Approve(ref rearm) => {
                     let token = match rearm {
-                        Some(t) => t.clone(),
+                        Some(t) => self.rearm_approval(t).await?,
                         None => self.ask_approval(turn, &c).await?,
                     };
+                    if self.human.may_park && self.park_on(&token).await? {
+                        return Err(CallFailure::Parked);
+                    }
                     let decision = human_tool::decision(self.services, self.call, &token).await?;
+                    if self.human.may_park {
+                        // The step may have been parked `waiting`: it runs again.
+                        self.pending
+                            .push(Write::UpsertStep(self.facts.record.clone()));
+                    }
                     self.decided(turn, &c, &decision);
                     match turns::after_decision(&decision, &c.tool) {
                         CallStep::Run => self.run_call(turn, &c, 1).await?,
@@ -851,7 +867,11 @@ impl<'a> Loop<'a> {
         };
         let mut facts = self.facts;
         facts.spent.add(&self.usage);
-        Box::pin(run(self.services, &call, facts, self.policy)).await
+        let human = HumanMode {
+            may_park: false,
+            unparked: false,
+        };
+        Box::pin(run(self.services, &call, facts, self.policy, human)).await
     }
 
     fn delegation_record(
@@ -909,6 +929,36 @@ impl<'a> Loop<'a> {
             .await?;
         human_tool::requested(self.services, &a);
         Ok(a.token)
+    }
+
+    /// The approval of a call found `waiting` in the journal. After a restart (not
+    /// an unpark by this process) a message the previous process never confirmed
+    /// sending is sent now, as for a human step; the original one stays valid.
+    async fn rearm_approval(&mut self, token: &str) -> Result<String, CallFailure> {
+        if !self.human.unparked {
+            human_tool::rearmed(self.services, self.call.run_id, token)?;
+        }
+        Ok(token.to_string())
+    }
+
+    /// Parks the run on `token` (see `runner::park`) once the step's `waiting`
+    /// record and everything pending are committed; `false` when the decision or
+    /// the deadline is already there and this task acts on it.
+    async fn park_on(&mut self, token: &str) -> Result<bool, CallFailure> {
+        let Some(a) = self
+            .services
+            .store
+            .approval(token)
+            .map_err(|e| CallFailure::Error(e.to_string()))?
+        else {
+            return Ok(false);
+        };
+        if a.status != crate::domain::ApprovalStatus::Pending {
+            return Ok(false);
+        }
+        self.commit(vec![human_tool::waiting_record(self.facts.record)])
+            .await?;
+        human_tool::park(self.services, self.call, &a)
     }
 
     /// The decision's event rides in the next commit.

@@ -1,8 +1,10 @@
 //! Approvals of agent tool calls (`approval: required`): the same approval rows,
 //! delivery, page, API and deadline as a `human` step, asked for one tool call.
-//! The agent loop commits the request together with the call's `waiting` record,
-//! waits here in its task, and hands the model a rejection or a timeout as the
-//! call's result.
+//! The agent loop commits the request together with the call's `waiting` record.
+//! In `serve`, a top-level agent step then parks its run exactly like a human step
+//! (the step record `waiting`, no task until the decision, the deadline or a
+//! cancel; see `runner::park`); elsewhere it waits here in its task. Either way the
+//! model is handed a rejection or a timeout as the call's result.
 
 use std::sync::Arc;
 
@@ -11,9 +13,10 @@ use super::super::{ApprovalChange, Services};
 use super::wait::{self, Waiting};
 use super::{delivery, fail, new_token};
 use crate::domain::ApprovalStatus;
+use crate::domain::StepStatus;
 use crate::executor::Call;
 use crate::run::turns::Decision;
-use crate::store::{ApprovalRecord, Write};
+use crate::store::{ApprovalRecord, StepRecord, Write};
 
 /// A tool call's approval, as the agent loop asks for it.
 pub(crate) struct ToolRequest<'a> {
@@ -118,4 +121,45 @@ pub(crate) async fn decision(
         },
         Err(e) => Err(e),
     }
+}
+
+/// The step's record while its run is parked on a tool approval.
+pub(crate) fn waiting_record(record: &StepRecord) -> Write {
+    let mut rec = record.clone();
+    rec.status = StepStatus::Waiting;
+    Write::UpsertStep(rec)
+}
+
+/// Parks the run on approval `a` unless it is decided, due or cancelled already
+/// (`Ok(false)`: the caller waits, or acts, itself).
+pub(crate) fn park(
+    engine: &Arc<Services>,
+    call: &Call<'_>,
+    a: &ApprovalRecord,
+) -> Result<bool, CallFailure> {
+    wait::park(engine, call, &Waiting::of(a))
+}
+
+/// A tool call's approval found waiting after a restart: its message is sent now
+/// if the previous process chose a channel but never confirmed the send (as for a
+/// human step); otherwise nothing is sent again.
+pub(crate) fn rearmed(
+    engine: &Arc<Services>,
+    run_id: &str,
+    token: &str,
+) -> Result<(), CallFailure> {
+    let Some(a) = engine
+        .store
+        .approval(token)
+        .map_err(|e| fail(e.to_string()))?
+    else {
+        return Ok(());
+    };
+    if a.status == ApprovalStatus::Pending && a.stage != "testing" && delivery::undelivered(&a) {
+        tracing::warn!(run_id = %run_id, step = %a.step_path, token = %token, "Re-armed tool approval after restart; its message was never confirmed sent, sending it now.");
+        delivery::spawn(engine, a);
+    } else {
+        tracing::warn!(run_id = %run_id, step = %a.step_path, token = %token, "Re-armed tool approval after restart; message not re-sent.");
+    }
+    Ok(())
 }
