@@ -14,6 +14,10 @@ mod delivery;
 #[path = "approvals_cases/parking.rs"]
 mod parking;
 
+/// Tool calls of agents that need approval: the same message, buttons and parking.
+#[path = "approvals_cases/tool_approvals.rs"]
+mod tool_approvals;
+
 use std::time::{Duration, Instant};
 
 use approvals_support::{fan_out_gate, gate, seconds_between, Harness, APPROVER, STRANGER};

@@ -159,3 +159,90 @@ async fn a_decision_written_by_another_process_unparks_the_run() {
     until("the run completes", || status(&s, &id) == "completed").await;
     assert_eq!(s.engine.parked_runs(), 0);
 }
+
+/// An engine with parking on whose pipeline `agent` runs a tool-using agent whose
+/// one tool needs approval (see `common::tool_agent`), and the agent's peer.
+async fn agent_setup() -> (Scratch, common::crash_support::HoldingPeer) {
+    use common::tool_agent;
+    let peer = tool_agent::peer().await;
+    let s = engine_support::engine_with_config(
+        &[("agent", &tool_agent::pipeline("agent"))],
+        &tool_agent::config(&peer.url()),
+    );
+    s.engine.enable_parking();
+    (s, peer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_waiting_for_approval_parks_its_run_and_the_decision_drives_it_on() {
+    use common::tool_agent::{MODEL, TOOL};
+    let (s, peer) = agent_setup().await;
+    let id = create(&s, "agent").await;
+    let end = s.engine.drive(&id, DriveMode::New).await.expect("drive");
+    assert_eq!(
+        end,
+        RunEnd::Parked,
+        "the driver ends on the tool's approval"
+    );
+    assert_eq!(s.engine.parked_runs(), 1);
+    assert_eq!(s.engine.active_runs(), 0, "a parked run holds no driver");
+    assert_eq!(s.store.steps(&id).expect("steps")[0].status, "waiting");
+    assert_eq!(peer.count_path(TOOL), 0, "nothing runs before the decision");
+    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
+        .token
+        .clone();
+
+    s.engine
+        .decide_approval(&token, true, "alice")
+        .await
+        .expect("decide");
+    until("the run completes", || status(&s, &id) == "completed").await;
+    assert_eq!(s.engine.parked_runs(), 0);
+    assert_eq!(peer.count_path(TOOL), 1, "approved once, run once");
+    assert_eq!(
+        peer.count_path(MODEL),
+        2,
+        "the proposing turn is not asked again"
+    );
+    let steps = s.store.steps(&id).expect("steps");
+    assert_eq!(steps[0].status, "completed");
+    // To the run log the parked wait is one wait: nothing was "reused".
+    let log = s.store.events(&id).expect("events");
+    let names: Vec<&str> = log.iter().map(|e| e.event.as_str()).collect();
+    for absent in ["agent_turn_reused", "tool_call_reused", "step_started"] {
+        let n = names.iter().filter(|n| **n == absent).count();
+        let allowed = usize::from(absent == "step_started");
+        assert_eq!(n, allowed, "{absent} x{n} in {names:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_tool_approval_that_times_out_hands_the_model_the_timeout() {
+    use common::tool_agent::{MODEL, TOOL};
+    let (s, peer) = agent_setup().await;
+    let id = create(&s, "agent").await;
+    assert_eq!(
+        s.engine.drive(&id, DriveMode::New).await.expect("drive"),
+        RunEnd::Parked
+    );
+    let token = s.store.approvals_of_run(&id).expect("approvals")[0]
+        .token
+        .clone();
+    // Pull the deadline in, as time passing would; the keeper finds it due.
+    let other = Store::open(s.store.path()).expect("second handle");
+    other
+        .commit(vec![vectorstep::store::Write::DecideApproval {
+            token: token.clone(),
+            status: ApprovalStatus::Timeout,
+            by: None,
+            at: s.engine.now_ms(),
+        }])
+        .await
+        .expect("time out elsewhere");
+    until("the run completes", || status(&s, &id) == "completed").await;
+    assert_eq!(peer.count_path(TOOL), 0, "a timed-out call never runs");
+    let asked = peer.for_path(MODEL);
+    assert_eq!(asked.len(), 2);
+    let last = asked[1].json().to_string();
+    assert!(last.contains("nobody approved this call"), "{last}");
+}

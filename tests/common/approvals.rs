@@ -53,6 +53,16 @@ impl Harness {
     }
 
     pub async fn start_with(pipelines: &[(&str, String)], extra: &str, approval: &str) -> Harness {
+        Harness::start_env(pipelines, extra, approval, &[]).await
+    }
+
+    /// [`Harness::start_with`], with `env` set for the first `serve` process only.
+    pub async fn start_env(
+        pipelines: &[(&str, String)],
+        extra: &str,
+        approval: &str,
+        env: &[(&str, &str)],
+    ) -> Harness {
         let tg = FakeTelegram::start().await;
         let dir = Scratch::new();
         dir.write_config(&format!(
@@ -62,7 +72,7 @@ impl Harness {
         for (name, yaml) in pipelines {
             dir.write_pipeline(name, yaml);
         }
-        let svc = Service::start(&dir.root).await;
+        let svc = Service::start_with_env(&dir.root, env).await;
         let store = dir.open_store();
         Harness {
             svc,

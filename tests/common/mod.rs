@@ -7,7 +7,8 @@
 //!   directly;
 //! - `telegram`: a fake Telegram Bot API server;
 //! - `intake`, `approvals`: harnesses for the service and approval tests;
-//! - `executors`: an executor call built by hand.
+//! - `executors`: an executor call built by hand;
+//! - `tool_agent`: an agent with one tool that needs approval, and its fake peer.
 //!
 //! The modules named after the folders they replace (`crash_support`, `support`,
 //! ...) only re-export, so that test files keep their paths.
@@ -21,6 +22,7 @@ pub mod intake;
 pub mod peer;
 pub mod service;
 pub mod telegram;
+pub mod tool_agent;
 
 /// The crash-test harness: the binary and the holding peer.
 #[allow(unused_imports)]
