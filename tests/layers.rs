@@ -310,3 +310,38 @@ fn super_super_climbs_two_modules() {
         find_cycle(&arrows).is_some_and(|c| c.contains("sub/inner.rs -> engine/pipeline/a.rs (X)"))
     );
 }
+
+/// The database drivers stay behind the store: no file outside `engine/store/`
+/// names rusqlite or postgres in code (comments aside), so the engine runs on
+/// either backend unchanged.
+#[test]
+fn only_the_store_names_a_database_driver() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("engine");
+    let mut stack = vec![root.clone()];
+    let mut offenders = Vec::new();
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).expect("read engine/").flatten() {
+            let path = e.path();
+            if path.is_dir() {
+                if path != root.join("store") {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if path.extension().is_none_or(|x| x != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("read");
+            for (n, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                let names_driver = ["rusqlite", "postgres::", "tokio_postgres"]
+                    .iter()
+                    .any(|d| code.contains(d) && !code.contains(&format!("\"{d}")));
+                if names_driver {
+                    offenders.push(format!("{}:{}: {line}", path.display(), n + 1));
+                }
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}

@@ -74,6 +74,7 @@ mod kv;
 pub mod lock;
 mod migrations;
 mod notifications;
+pub mod postgres;
 mod runs;
 mod steps;
 mod writer;

@@ -7,6 +7,7 @@
 //!   directly;
 //! - `telegram`: a fake Telegram Bot API server;
 //! - `intake`, `approvals`: harnesses for the service and approval tests;
+//! - `postgres`: a real, throwaway PostgreSQL server;
 //! - `executors`: an executor call built by hand;
 //! - `tool_agent`: an agent with one tool that needs approval, and its fake peer.
 //!
@@ -20,6 +21,7 @@ pub mod engine;
 pub mod executors;
 pub mod intake;
 pub mod peer;
+pub mod postgres;
 pub mod service;
 pub mod telegram;
 pub mod tool_agent;

@@ -1,0 +1,93 @@
+//! The PostgreSQL side of the store, for several replicas sharing one database
+//! (`database.url`). Being built: so far the schema (`schema`), which is the SQLite
+//! schema translated, version for version, so both backends always hold the same
+//! tables, columns and rules. The connection owner, the batch writer and the reads
+//! follow, behind the same contract as the SQLite store (see `store`).
+//!
+//! Like SQLite's connections, PostgreSQL clients here are synchronous
+//! (`postgres::Client`) and owned by the store's own threads: the engine never holds
+//! one across an await, and never holds a transaction across a step.
+
+pub mod schema;
+
+/// A PostgreSQL failure, with what was being done. Messages carry the server's
+/// own words (`postgres::Error` alone displays only "db error").
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error("cannot connect to PostgreSQL at {url}: {}", detail(.source))]
+    Connect {
+        /// The URL without its password.
+        url: String,
+        source: postgres::Error,
+    },
+    #[error("PostgreSQL migration {version} ({name}) failed: {}", detail(.source))]
+    Migration {
+        version: i64,
+        name: &'static str,
+        source: postgres::Error,
+    },
+    /// The database was migrated by a newer build.
+    #[error(
+        "the PostgreSQL database has schema version {found}, but this build knows only up to \
+         {known}; upgrade vectorstep or point it at another database"
+    )]
+    SchemaTooNew { found: i64, known: i64 },
+    #[error("PostgreSQL: {}", detail(.0))]
+    Db(#[from] postgres::Error),
+}
+
+/// What the server said (message and SQLSTATE), or the client error with its causes.
+pub fn detail(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// `url` with any password replaced by `***`, fit for logs and errors.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return url.to_string();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+/// A synchronous client for `url`, without TLS (the database is expected on a
+/// private network or the same host; TLS is not built in yet).
+pub fn connect(url: &str) -> Result<postgres::Client, PgError> {
+    postgres::Client::connect(url, postgres::NoTls).map_err(|source| PgError::Connect {
+        url: redact(url),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn a_password_never_reaches_a_log() {
+        let check = |url: &str, want: &str| assert_eq!(redact(url), want, "{url}");
+        check(
+            "postgres://vs:s3cret@db:5432/vs",
+            "postgres://vs:***@db:5432/vs",
+        );
+        check("postgres://vs:p@ss@db/vs", "postgres://vs:***@db/vs");
+        check("postgres://vs@db/vs", "postgres://vs@db/vs");
+        check("postgres://db/vs", "postgres://db/vs");
+        check("not a url", "not a url");
+    }
+}
