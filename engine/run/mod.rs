@@ -2,8 +2,8 @@
 //! joins, budgets, fan-out lists), how a unit settles the run and what a boundary
 //! does (`settle`), what follows an attempt (`attempt`), how a group joins
 //! (`join`), what an agent's model reply leads to (`turns`), the template context,
-//! the resume planner (`plan`) and the agent step journal's resume decisions
-//! (`journal`).
+//! the resume planner (`plan`), the agent step journal's resume decisions
+//! (`journal`) and who drives a run among several replicas (`lease`).
 //! Nothing here does I/O, and nothing is `async`: `runner` performs what these
 //! functions decide (`tests::nothing_here_is_async` checks it).
 
@@ -12,6 +12,7 @@ pub mod context;
 pub mod flow;
 pub mod join;
 pub mod journal;
+pub mod lease;
 pub mod output;
 pub mod plan;
 pub mod settle;
