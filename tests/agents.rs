@@ -499,6 +499,162 @@ async fn an_mcp_server_dies_with_a_killed_serve_and_its_read_call_in_flight_runs
     assert_eq!(peer.count_path(MODEL), 2, "turn 1 was not asked again");
 }
 
+/// The streamable-HTTP fixture MCP server, started by the test (so it outlives a
+/// killed `serve`) and killed when dropped.
+struct HttpMcp {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HttpMcp {
+    /// `hold_attempt`: the attempt of a `restart` call the server never answers.
+    fn start(record: &std::path::Path, hold_attempt: Option<u32>) -> HttpMcp {
+        use std::io::BufRead;
+        let server = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/mcp/http_server.py");
+        let mut cmd = std::process::Command::new("python3");
+        cmd.arg(server)
+            .env("MCP_RECORD", record)
+            .stdout(std::process::Stdio::piped());
+        if let Some(n) = hold_attempt {
+            cmd.env("MCP_HOLD_ATTEMPT", n.to_string());
+        }
+        let mut child = cmd.spawn().expect("python3 runs the HTTP MCP server");
+        let stdout = child.stdout.take().expect("its stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the server prints its port");
+        let port: u16 = line.trim().parse().expect("a port");
+        HttpMcp {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        }
+    }
+}
+
+impl Drop for HttpMcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A model that asks the MCP `restart` (a write: the server marks it destructive)
+/// on turn 1 and answers once it has the result; `hold`: the request to the model
+/// (by position) that never answers.
+async fn restarting_model(hold: Option<usize>) -> HoldingPeer {
+    HoldingPeer::start(move |r| {
+        if hold == Some(r.seq_path) {
+            return Answer::Never;
+        }
+        let body = r.json();
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let message = if messages.iter().any(|m| m["role"] == "tool") {
+            let answer =
+                json!({"confidence": 0.9, "summary": "restarted", "next_step_context": ""});
+            json!({"role": "assistant", "content": answer.to_string()})
+        } else {
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": "call_r", "type": "function",
+                "function": {"name": "restart", "arguments": "{\"service\": \"api\"}"}}]})
+        };
+        Answer::Reply(Reply::json(
+            200,
+            json!({"choices": [{"index": 0, "message": message}],
+                   "usage": {"prompt_tokens": 10, "completion_tokens": 1}}),
+        ))
+    })
+    .await
+}
+
+fn http_mcp_setup(peer: &HoldingPeer, mcp: &HttpMcp) -> Scratch {
+    let dir = Scratch::new();
+    dir.write_config(&format!(
+        "providers:\n  fake: {{base_url: \"{url}/v1\"}}\n\
+         agents:\n  investigator: {{provider: fake, model: m, tools: [{{mcp: ops, only: [restart]}}]}}\n\
+         mcp_servers:\n  ops: {{url: {mcp:?}, timeout_seconds: 10}}\n",
+        url = peer.url(),
+        mcp = mcp.url,
+    ));
+    dir.write_pipeline(
+        "p",
+        "name: p\nstage: production\ntrigger: {}\ndurable: true\nsteps:\n  - name: triage\n    executor: agent\n    executor_config: {agent: investigator}\n    prompt_template: \"Restart it.\"\n",
+    );
+    dir
+}
+
+/// The `restart` calls the MCP server recorded: (effect key, attempt).
+fn restart_calls(record: &std::path::Path) -> Vec<(String, u64)> {
+    records(record)
+        .into_iter()
+        .filter(|r| r["event"] == "call" && r["name"] == "restart")
+        .map(|r| {
+            let meta = &r["meta"];
+            (
+                meta["vectorstep/effect_key"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                meta["vectorstep/attempt"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_call_held_by_an_http_mcp_server_at_a_kill_runs_again_with_its_effect_key() {
+    let _serial = serial().await;
+    // The record is written before the config (which needs the server's port).
+    let record_dir = Scratch::new();
+    let record = record_dir.root.join("mcp-record.jsonl");
+    let mcp = HttpMcp::start(&record, Some(1));
+    let peer = restarting_model(None).await;
+    let dir = http_mcp_setup(&peer, &mcp);
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    until("the restart call", || !restart_calls(&record).is_empty()).await;
+    // The server holds attempt 1: the call is in flight when serve dies; the
+    // server itself lives on (it is not serve's child).
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    let key = format!("{id}:triage:1:1:1");
+    assert_eq!(
+        restart_calls(&record),
+        vec![(key.clone(), 1), (key, 2)],
+        "the write call in flight ran again (on_interrupted: rerun), same effect key, attempt 2"
+    );
+    assert_eq!(peer.count_path(MODEL), 2, "turn 1 was not asked again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_call_an_http_mcp_server_answered_before_a_kill_is_never_run_again() {
+    let _serial = serial().await;
+    // The record is written before the config (which needs the server's port).
+    let record_dir = Scratch::new();
+    let record = record_dir.root.join("mcp-record.jsonl");
+    let mcp = HttpMcp::start(&record, None);
+    // Turn 2 is held: the call's result was recorded in the commit that started it.
+    let peer = restarting_model(Some(1)).await;
+    let dir = http_mcp_setup(&peer, &mcp);
+    let (_svc, id, run) = killed_at(&dir, &peer, MODEL, 2).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    assert_eq!(
+        restart_calls(&record),
+        vec![(format!("{id}:triage:1:1:1"), 1)],
+        "the write call ran once"
+    );
+    assert_eq!(peer.count_path(MODEL), 3, "turn 2 asked again, turn 1 not");
+    let turns = step(&run, "triage")["turns"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(turns[0]["tool_calls"][0]["status"], "completed", "{run}");
+    assert_eq!(turns[0]["tool_calls"][0]["attempt"], 1, "{run}");
+}
+
 #[test]
 fn tools_list_connects_and_names_every_tool_with_its_class_and_what_a_server_lacks() {
     let dir = Scratch::new();
