@@ -12,7 +12,9 @@
 //! seed that the test printed (with every kill moment) on stderr.
 
 mod common;
-use common::crash_support::{event_names, step, Answer, HoldingPeer, Reply, Scratch, Service};
+use common::crash_support::{
+    event_names, events, step, Answer, HoldingPeer, Reply, Scratch, Service,
+};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -113,9 +115,9 @@ async fn peer(seed: u64) -> HoldingPeer {
             let body = json!({"choices": [{"index": 0, "message": model_message(&a)}],
                               "usage": {"prompt_tokens": 10, "completion_tokens": 1}});
             let what = format!("{}:{}:{}", a.run, a.agent, a.turn);
-            Answer::Reply(Reply::json(200, body).delayed(delay(seed, &what, 300..1500)))
+            Answer::Reply(Reply::json(200, body).delayed(delay(seed, &what, 150..800)))
         }
-        _ => Answer::Reply(Reply::text(200, "restarted").delayed(delay(seed, r.key(), 100..800))),
+        _ => Answer::Reply(Reply::text(200, "restarted").delayed(delay(seed, r.key(), 300..1200))),
     })
     .await
 }
@@ -192,6 +194,19 @@ fn check_copies(
     }
 }
 
+/// Asserts that `run` logged `event` exactly once for each distinct value of
+/// `fields`, and `n` times in all.
+fn once_each(id: &str, run: &Value, event: &str, fields: &[&str], n: usize) {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for e in events(run, event) {
+        let key: Vec<String> = fields.iter().map(|f| e[*f].to_string()).collect();
+        *seen.entry(key.join(" ")).or_default() += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "{id}: {event} more than once: {twice:?}");
+    assert_eq!(seen.len(), n, "{id}: {event}: {seen:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_delegating_tool_using_runs_survive_ten_random_kills_without_a_repeated_effect() {
     let seed = std::env::var("VECTORSTEP_SOAK_SEED")
@@ -214,7 +229,7 @@ async fn twenty_delegating_tool_using_runs_survive_ten_random_kills_without_a_re
         ids.push(svc.post_run("p", json!({})).await);
     }
     for k in 1..=KILLS {
-        let after = rng.gen_range(200..1200u64);
+        let after = rng.gen_range(150..900u64);
         tokio::time::sleep(Duration::from_millis(after)).await;
         let running = svc
             .list_runs()
@@ -229,6 +244,7 @@ async fn twenty_delegating_tool_using_runs_survive_ten_random_kills_without_a_re
         );
         svc.restart().await;
     }
+    let mut runs = Vec::new();
     for id in &ids {
         let run = svc
             .wait_until(id, |r| r["status"] != "running", Duration::from_secs(40))
@@ -238,6 +254,7 @@ async fn twenty_delegating_tool_using_runs_survive_ten_random_kills_without_a_re
             step(&run, "triage")["output"]["summary"],
             format!("done {id}")
         );
+        runs.push(run);
     }
     eprintln!(
         "soak: all {RUNS} runs completed at t = {} ms",
@@ -282,6 +299,22 @@ async fn twenty_delegating_tool_using_runs_survive_ten_random_kills_without_a_re
     // run again with the same effect key and attempt + 1. So every copy of a turn
     // or a call comes from a different process, and none after its row recorded
     // the result.
+    //
+    // A turn's `agent_turn_completed` event is committed with its `completed` row,
+    // a call's `tool_call_completed` with its result: one of each per turn and per
+    // call means none was asked or run again once recorded (rows are upserted, so
+    // only the events keep every completion).
+    for (id, run) in ids.iter().zip(&runs) {
+        once_each(id, run, "agent_turn_completed", &["step", "turn"], 5);
+        // Per run: the lead's delegate and echo, its restart, the helper's echo.
+        once_each(
+            id,
+            run,
+            "tool_call_completed",
+            &["step", "turn", "call_index"],
+            4,
+        );
+    }
     let store = dir.open_store();
     let (mut reasked, mut rerun) = (0, 0);
     for id in &ids {
