@@ -162,7 +162,9 @@ struct Copy {
 /// Checks the copies of one turn or call against its journal row (`finished_at`,
 /// `attempt`) and the kills: copy k+1 was sent by a later process than copy k
 /// (a `serve` never repeats one by itself), no copy was sent after the row
-/// recorded its result, and (calls) the attempts rise to the recorded one.
+/// recorded its final result, and (calls) the attempts rise to the recorded one.
+/// A repeat after an earlier record rewrites the row; the completion events catch
+/// that one.
 fn check_copies(
     what: &str,
     copies: &[Copy],
