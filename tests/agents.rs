@@ -6,11 +6,28 @@
 //! resumed step is answered exactly as a fresh one would be, and the peer's counts
 //! say what was asked twice.
 
+//!
+//! The kill tests hold [`SERIAL`] for their whole body: the test harness runs this
+//! binary's tests in parallel, and several `serve` processes restarting and
+//! resuming at once on a 2-core machine make their waits flaky. A lock in this file
+//! is the least disruptive way (no test moves; the tests that never kill still run
+//! in parallel). The crash soak has a binary of its own (tests/agent_soak.rs), which
+//! cargo never runs beside this one.
+
 mod common;
 use common::crash_support;
 
 use crash_support::{event_names, events, step, Answer, HoldingPeer, Reply, Scratch, Service};
 use serde_json::{json, Value};
+
+/// Held by every test that kills `serve` (see the top of this file).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits for the other kill tests of this binary to finish. A test that panicked
+/// while holding the lock released it (tokio's lock is never poisoned).
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
+}
 
 const MODEL: &str = "/v1/chat/completions";
 const TOOL: &str = "/restart";
@@ -161,6 +178,7 @@ async fn an_agent_calls_its_tool_once_and_answers_from_the_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kill_during_the_tool_call_reruns_it_with_the_same_key_and_never_asks_turn_1_again() {
+    let _serial = serial().await;
     let peer = peer(Some((TOOL, 0))).await;
     let dir = setup(&peer, "true");
     let (_svc, id, run) = killed_at(&dir, &peer, TOOL, 1).await;
@@ -191,6 +209,7 @@ async fn a_kill_during_the_tool_call_reruns_it_with_the_same_key_and_never_asks_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kill_after_the_tool_result_was_recorded_never_runs_the_tool_again() {
+    let _serial = serial().await;
     // The second model request (turn 2) is held: the tool's result is recorded in
     // the commit that started turn 2, before the model was asked.
     let peer = peer(Some((MODEL, 1))).await;
@@ -226,6 +245,7 @@ async fn a_kill_after_the_tool_result_was_recorded_never_runs_the_tool_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kill_during_the_first_model_call_asks_it_again_and_runs_the_tool_once() {
+    let _serial = serial().await;
     let peer = peer(Some((MODEL, 0))).await;
     let dir = setup(&peer, "true");
     let (svc, _id, run) = killed_at(&dir, &peer, MODEL, 1).await;
@@ -257,6 +277,7 @@ async fn a_kill_during_the_first_model_call_asks_it_again_and_runs_the_tool_once
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn under_escalate_a_write_call_in_flight_is_never_run_again_and_the_step_escalates() {
+    let _serial = serial().await;
     let peer = peer(Some((TOOL, 0))).await;
     let dir = setup(&peer, "{on_interrupted: escalate}");
     let (_svc, _id, run) = killed_at(&dir, &peer, TOOL, 1).await;
@@ -286,6 +307,7 @@ async fn decide(svc: &Service, token: &str, decision: &str) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tool_call_waiting_for_approval_survives_a_kill_with_its_token_and_runs_once_approved() {
+    let _serial = serial().await;
     let peer = peer(None).await;
     let dir = setup_with(&peer, "true", "approval: required");
     let mut svc = Service::start(&dir.root).await;
@@ -346,6 +368,7 @@ async fn a_rejected_tool_call_is_not_run_and_the_model_reads_the_rejection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_budget_counts_turns_spent_before_a_kill_and_stops_the_loop_before_the_next_turn() {
+    let _serial = serial().await;
     // Each turn costs 110 tokens; the run may spend 100: turn 1 fits, turn 2 never
     // starts. The kill lands during turn 1's tool call, so the only record of turn
     // 1's usage is the journal.
@@ -403,6 +426,7 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_mcp_server_dies_with_a_killed_serve_and_its_read_call_in_flight_runs_again() {
+    let _serial = serial().await;
     // The model asks the stdio MCP server's read-only `sleep` tool for 300 s; the
     // server's timeout (2 s) ends the rerun after the restart, and the model
     // answers from that result.
@@ -475,6 +499,162 @@ async fn an_mcp_server_dies_with_a_killed_serve_and_its_read_call_in_flight_runs
     assert_eq!(peer.count_path(MODEL), 2, "turn 1 was not asked again");
 }
 
+/// The streamable-HTTP fixture MCP server, started by the test (so it outlives a
+/// killed `serve`) and killed when dropped.
+struct HttpMcp {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HttpMcp {
+    /// `hold_attempt`: the attempt of a `restart` call the server never answers.
+    fn start(record: &std::path::Path, hold_attempt: Option<u32>) -> HttpMcp {
+        use std::io::BufRead;
+        let server = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/mcp/http_server.py");
+        let mut cmd = std::process::Command::new("python3");
+        cmd.arg(server)
+            .env("MCP_RECORD", record)
+            .stdout(std::process::Stdio::piped());
+        if let Some(n) = hold_attempt {
+            cmd.env("MCP_HOLD_ATTEMPT", n.to_string());
+        }
+        let mut child = cmd.spawn().expect("python3 runs the HTTP MCP server");
+        let stdout = child.stdout.take().expect("its stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the server prints its port");
+        let port: u16 = line.trim().parse().expect("a port");
+        HttpMcp {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+        }
+    }
+}
+
+impl Drop for HttpMcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A model that asks the MCP `restart` (a write: the server marks it destructive)
+/// on turn 1 and answers once it has the result; `hold`: the request to the model
+/// (by position) that never answers.
+async fn restarting_model(hold: Option<usize>) -> HoldingPeer {
+    HoldingPeer::start(move |r| {
+        if hold == Some(r.seq_path) {
+            return Answer::Never;
+        }
+        let body = r.json();
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let message = if messages.iter().any(|m| m["role"] == "tool") {
+            let answer =
+                json!({"confidence": 0.9, "summary": "restarted", "next_step_context": ""});
+            json!({"role": "assistant", "content": answer.to_string()})
+        } else {
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "id": "call_r", "type": "function",
+                "function": {"name": "restart", "arguments": "{\"service\": \"api\"}"}}]})
+        };
+        Answer::Reply(Reply::json(
+            200,
+            json!({"choices": [{"index": 0, "message": message}],
+                   "usage": {"prompt_tokens": 10, "completion_tokens": 1}}),
+        ))
+    })
+    .await
+}
+
+fn http_mcp_setup(peer: &HoldingPeer, mcp: &HttpMcp) -> Scratch {
+    let dir = Scratch::new();
+    dir.write_config(&format!(
+        "providers:\n  fake: {{base_url: \"{url}/v1\"}}\n\
+         agents:\n  investigator: {{provider: fake, model: m, tools: [{{mcp: ops, only: [restart]}}]}}\n\
+         mcp_servers:\n  ops: {{url: {mcp:?}, timeout_seconds: 10}}\n",
+        url = peer.url(),
+        mcp = mcp.url,
+    ));
+    dir.write_pipeline(
+        "p",
+        "name: p\nstage: production\ntrigger: {}\ndurable: true\nsteps:\n  - name: triage\n    executor: agent\n    executor_config: {agent: investigator}\n    prompt_template: \"Restart it.\"\n",
+    );
+    dir
+}
+
+/// The `restart` calls the MCP server recorded: (effect key, attempt).
+fn restart_calls(record: &std::path::Path) -> Vec<(String, u64)> {
+    records(record)
+        .into_iter()
+        .filter(|r| r["event"] == "call" && r["name"] == "restart")
+        .map(|r| {
+            let meta = &r["meta"];
+            (
+                meta["vectorstep/effect_key"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                meta["vectorstep/attempt"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_call_held_by_an_http_mcp_server_at_a_kill_runs_again_with_its_effect_key() {
+    let _serial = serial().await;
+    // The record is written before the config (which needs the server's port).
+    let record_dir = Scratch::new();
+    let record = record_dir.root.join("mcp-record.jsonl");
+    let mcp = HttpMcp::start(&record, Some(1));
+    let peer = restarting_model(None).await;
+    let dir = http_mcp_setup(&peer, &mcp);
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    until("the restart call", || !restart_calls(&record).is_empty()).await;
+    // The server holds attempt 1: the call is in flight when serve dies; the
+    // server itself lives on (it is not serve's child).
+    svc.kill9();
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    let key = format!("{id}:triage:1:1:1");
+    assert_eq!(
+        restart_calls(&record),
+        vec![(key.clone(), 1), (key, 2)],
+        "the write call in flight ran again (on_interrupted: rerun), same effect key, attempt 2"
+    );
+    assert_eq!(peer.count_path(MODEL), 2, "turn 1 was not asked again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_call_an_http_mcp_server_answered_before_a_kill_is_never_run_again() {
+    let _serial = serial().await;
+    // The record is written before the config (which needs the server's port).
+    let record_dir = Scratch::new();
+    let record = record_dir.root.join("mcp-record.jsonl");
+    let mcp = HttpMcp::start(&record, None);
+    // Turn 2 is held: the call's result was recorded in the commit that started it.
+    let peer = restarting_model(Some(1)).await;
+    let dir = http_mcp_setup(&peer, &mcp);
+    let (_svc, id, run) = killed_at(&dir, &peer, MODEL, 2).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    assert_eq!(
+        restart_calls(&record),
+        vec![(format!("{id}:triage:1:1:1"), 1)],
+        "the write call ran once"
+    );
+    assert_eq!(peer.count_path(MODEL), 3, "turn 2 asked again, turn 1 not");
+    let turns = step(&run, "triage")["turns"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(turns[0]["tool_calls"][0]["status"], "completed", "{run}");
+    assert_eq!(turns[0]["tool_calls"][0]["attempt"], 1, "{run}");
+}
+
 #[test]
 fn tools_list_connects_and_names_every_tool_with_its_class_and_what_a_server_lacks() {
     let dir = Scratch::new();
@@ -538,6 +718,7 @@ fn tools_list_connects_and_names_every_tool_with_its_class_and_what_a_server_lac
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kill_while_the_model_holds_turn_3_asks_only_turn_3_again_and_counts_turns_1_and_2_once()
 {
+    let _serial = serial().await;
     let peer = peer_calling(Some((MODEL, 2)), 2).await;
     let dir = setup(&peer, "true");
     let (_svc, _id, run) = killed_at(&dir, &peer, MODEL, 3).await;
@@ -558,6 +739,7 @@ async fn a_kill_while_the_model_holds_turn_3_asks_only_turn_3_again_and_counts_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_kill_after_the_reply_was_recorded_and_before_the_tool_ran_runs_it_once_and_never_asks_again(
 ) {
+    let _serial = serial().await;
     let peer = peer(None).await;
     let dir = setup(&peer, "true");
     // The first process stops at the pause point: turn 1's reply and the call's
@@ -679,20 +861,21 @@ fn user_text(body: &Value) -> String {
         .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn four_delegations_run_at_once_and_a_kill_after_two_answered_asks_only_the_other_two_again()
-{
-    // The lead delegates four questions in one turn; the helper answers q1 and q2
-    // and, in the first process, never answers q3 and q4.
-    let first_process = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let gate = first_process.clone();
-    let peer = HoldingPeer::start(move |r| {
+/// The model of the four-delegation tests: the lead (system prompt `LEAD`) asks
+/// the helper q1..q4 in one turn, then answers "all answered" (or "saw an error"
+/// when a result it got is an error). While `first_process` is set, the helper
+/// never answers q3 and q4, except that the question `failing` (if any) is answered
+/// HTTP 500 instead: its sub-agent fails at once.
+async fn delegating_peer(
+    first_process: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    failing: Option<&'static str>,
+) -> HoldingPeer {
+    HoldingPeer::start(move |r| {
         let body = r.json();
         let system = body["messages"][0]["content"].as_str().unwrap_or("").to_string();
-        let results = body["messages"]
-            .as_array()
-            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
-        let message = if system == "LEAD" && results == 0 {
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let results: Vec<&Value> = messages.iter().filter(|m| m["role"] == "tool").collect();
+        let message = if system == "LEAD" && results.is_empty() {
             let calls: Vec<Value> = (1..=4)
                 .map(|i| {
                     json!({"id": format!("call_{i}"), "type": "function", "function": {
@@ -703,13 +886,21 @@ async fn four_delegations_run_at_once_and_a_kill_after_two_answered_asks_only_th
             json!({"role": "assistant", "content": null, "tool_calls": calls})
         } else {
             let q = user_text(&body);
-            if system == "HELPER"
-                && (q == "q3" || q == "q4")
-                && gate.load(std::sync::atomic::Ordering::SeqCst)
-            {
+            let first = first_process.load(std::sync::atomic::Ordering::SeqCst);
+            if system == "HELPER" && first && failing == Some(q.as_str()) {
+                return Answer::Reply(Reply::text(500, "the helper's model is down"));
+            }
+            if system == "HELPER" && first && (q == "q3" || q == "q4") {
                 return Answer::Never;
             }
-            let summary = if system == "LEAD" { "all answered".to_string() } else { format!("answer to {q}") };
+            let errors = results
+                .iter()
+                .any(|m| m["content"].as_str().unwrap_or("").starts_with("error:"));
+            let summary = match (system.as_str(), errors) {
+                ("LEAD", false) => "all answered".to_string(),
+                ("LEAD", true) => "saw an error".to_string(),
+                _ => format!("answer to {q}"),
+            };
             let answer = json!({"confidence": 0.9, "summary": summary, "next_step_context": ""});
             json!({"role": "assistant", "content": answer.to_string()})
         };
@@ -719,7 +910,10 @@ async fn four_delegations_run_at_once_and_a_kill_after_two_answered_asks_only_th
                    "usage": {"prompt_tokens": 10, "completion_tokens": 1}}),
         ))
     })
-    .await;
+    .await
+}
+
+fn delegating_setup(peer: &HoldingPeer) -> Scratch {
     let dir = Scratch::new();
     dir.write_config(&format!(
         "providers:\n  fake: {{base_url: \"{url}/v1\"}}\n\
@@ -731,6 +925,37 @@ async fn four_delegations_run_at_once_and_a_kill_after_two_answered_asks_only_th
         "p",
         "name: p\nstage: production\ntrigger: {}\ndurable: true\nsteps:\n  - name: triage\n    executor: agent\n    executor_config: {agent: lead}\n    prompt_template: \"Ask around.\"\n",
     );
+    dir
+}
+
+/// How many model requests asked the helper `q`.
+fn asked(peer: &HoldingPeer, q: &str) -> usize {
+    peer.for_path(MODEL)
+        .iter()
+        .filter(|r| user_text(&r.json()) == q)
+        .count()
+}
+
+/// Waits until q3 and q4 were both asked (the four ran at once).
+async fn wait_for_q3_and_q4(peer: &HoldingPeer) {
+    peer.wait_for("q3 and q4 asked", |seen| {
+        seen.iter()
+            .filter(|r| r.path == MODEL && ["q3", "q4"].contains(&user_text(&r.json()).as_str()))
+            .count()
+            == 2
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_delegations_run_at_once_and_a_kill_after_two_answered_asks_only_the_other_two_again()
+{
+    let _serial = serial().await;
+    // The lead delegates four questions in one turn; the helper answers q1 and q2
+    // and, in the first process, never answers q3 and q4.
+    let first_process = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let peer = delegating_peer(first_process.clone(), None).await;
+    let dir = delegating_setup(&peer);
     let mut svc = Service::start(&dir.root).await;
     let id = svc.post_run("p", json!({})).await;
     svc.wait_until(
@@ -740,31 +965,19 @@ async fn four_delegations_run_at_once_and_a_kill_after_two_answered_asks_only_th
     )
     .await;
     // All four were asked at once: q3 and q4 are held while q1 and q2 answered.
-    peer.wait_for("q3 and q4 asked", |seen| {
-        seen.iter()
-            .filter(|r| r.path == MODEL && ["q3", "q4"].contains(&user_text(&r.json()).as_str()))
-            .count()
-            == 2
-    })
-    .await;
+    wait_for_q3_and_q4(&peer).await;
     svc.kill9();
     first_process.store(false, std::sync::atomic::Ordering::SeqCst);
     svc.restart().await;
     let run = svc.wait_terminal(&id).await;
     assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
-    let asked = |q: &str| {
-        peer.for_path(MODEL)
-            .iter()
-            .filter(|r| user_text(&r.json()) == q)
-            .count()
-    };
     assert_eq!(
-        (asked("q1"), asked("q2")),
+        (asked(&peer, "q1"), asked(&peer, "q2")),
         (1, 1),
         "answered before the kill: never asked again"
     );
     assert_eq!(
-        (asked("q3"), asked("q4")),
+        (asked(&peer, "q3"), asked(&peer, "q4")),
         (2, 2),
         "in flight at the kill: asked once more"
     );
@@ -775,6 +988,83 @@ async fn four_delegations_run_at_once_and_a_kill_after_two_answered_asks_only_th
         event_names(&run)
     );
     assert_eq!(step(&run, "triage")["output"]["summary"], "all answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn of_four_delegations_killed_after_two_answered_and_one_failed_the_failed_one_runs_again() {
+    let _serial = serial().await;
+    // q1 and q2 answer, q3's sub-agent fails (its model answers 500), q4 is still
+    // in flight when serve is killed. The failure was journaled (delegation
+    // `failed`) but never handed to the lead: its turn waits for q4.
+    let first_process = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let peer = delegating_peer(first_process.clone(), Some("q3")).await;
+    let dir = delegating_setup(&peer);
+    let mut svc = Service::start(&dir.root).await;
+    let id = svc.post_run("p", json!({})).await;
+    svc.wait_until(
+        &id,
+        |r| events(r, "delegation_completed").len() == 2,
+        std::time::Duration::from_secs(30),
+    )
+    .await;
+    wait_for_q3_and_q4(&peer).await;
+    let store = dir.open_store();
+    until("q3's delegation journaled failed", || {
+        store.journal(&id, "triage").is_ok_and(|j| {
+            j.delegations.iter().any(|d| {
+                d.question == "q3" && d.status == vectorstep::domain::DelegationStatus::Failed
+            })
+        })
+    })
+    .await;
+    drop(store);
+    svc.kill9();
+    first_process.store(false, std::sync::atomic::Ordering::SeqCst);
+    svc.restart().await;
+    let run = svc.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    assert_eq!(
+        (asked(&peer, "q1"), asked(&peer, "q2")),
+        (1, 1),
+        "completed before the kill: reused"
+    );
+    assert_eq!(
+        asked(&peer, "q3"),
+        2,
+        "failed before the kill: its failure is not reused, it runs again"
+    );
+    assert_eq!(asked(&peer, "q4"), 2, "in flight at the kill: asked again");
+    assert_eq!(
+        events(&run, "delegation_reused").len(),
+        2,
+        "{:?}",
+        event_names(&run)
+    );
+    // The lead's first turn was asked once; its second saw four answers, no error.
+    let lead_turns = peer
+        .for_path(MODEL)
+        .iter()
+        .filter(|r| r.json()["messages"][0]["content"] == "LEAD")
+        .count();
+    assert_eq!(lead_turns, 2, "turn 1 before the kill, turn 2 after");
+    assert_eq!(step(&run, "triage")["output"]["summary"], "all answered");
+    let j = dir
+        .open_store()
+        .journal(&id, "triage")
+        .expect("the journal reads");
+    let q3 = j
+        .delegations
+        .iter()
+        .find(|d| d.step_path == "triage" && d.question == "q3")
+        .expect("q3's delegation row");
+    assert_eq!(q3.status, vectorstep::domain::DelegationStatus::Completed);
+    let call = j
+        .calls
+        .iter()
+        .find(|c| c.step_path == "triage" && c.arguments_json.contains("\"q3\""))
+        .expect("q3's call row");
+    assert_eq!(call.status, vectorstep::domain::ToolCallStatus::Completed);
+    assert_eq!(call.attempt, 2, "the call in flight at the kill, run again");
 }
 
 #[test]
