@@ -12,6 +12,11 @@
 //!   sequence (concurrent runs share fsyncs through the group-commit writer);
 //! - 1,000 runs parked on tool-call approvals (parking on, as `serve` has it):
 //!   resident memory under 100 MB, and the engine counts all 1,000 as parked.
+//!
+//! The first two are measured in 3 rounds, each with the store's commit timed
+//! right before and after it (the disk of a shared machine changes speed from
+//! minute to minute); the median ratio decides. `BENCH_PARK_WAVE=N` starts the
+//! parked runs N at a time instead of all at once. See docs/performance.md.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -376,9 +381,9 @@ async fn concurrent_runs(engine: &Arc<Engine>, store: &Store, baseline: &mut Bas
     let mut ratios = Vec::new();
     for _ in 0..ROUNDS {
         let before = store.stats();
-        let (commit, (elapsed, after, cpu)) = baseline
+        let (commit, (elapsed, after, cpu, wcpu)) = baseline
             .around(async {
-                let (t, cpu) = (Instant::now(), cpu_time());
+                let (t, cpu, wcpu) = (Instant::now(), cpu_time(), writer_cpu());
                 let handles: Vec<_> = (0..CONCURRENT)
                     .map(|_| {
                         let e = engine.clone();
@@ -388,7 +393,12 @@ async fn concurrent_runs(engine: &Arc<Engine>, store: &Store, baseline: &mut Bas
                 for h in handles {
                     h.await.expect("join");
                 }
-                (t.elapsed(), store.stats(), cpu_time() - cpu)
+                (
+                    t.elapsed(),
+                    store.stats(),
+                    cpu_time() - cpu,
+                    writer_cpu() - wcpu,
+                )
             })
             .await;
         let commit_rate = 1.0 / commit.as_secs_f64();
@@ -398,11 +408,12 @@ async fn concurrent_runs(engine: &Arc<Engine>, store: &Store, baseline: &mut Bas
         ratios.push(ratio);
         println!(
             "  {rate:.0} turns/s ({turns} turns in {:.2}s) = {ratio:.2}x the store's sequential commit rate; \
-             {:.1} batches per fsync; CPU per turn {:.3} ms",
+             {:.1} batches per fsync; CPU per turn {:.3} ms, store writer thread busy {:.0}% of the time",
             elapsed.as_secs_f64(),
             (after.batches_committed - before.batches_committed) as f64
                 / (after.transactions_committed - before.transactions_committed).max(1) as f64,
-            ms(cpu / turns as u32)
+            ms(cpu / turns as u32),
+            100.0 * wcpu.as_secs_f64() / elapsed.as_secs_f64()
         );
     }
     let (mid, lo, hi) = median(ratios);
@@ -475,6 +486,28 @@ async fn parked_runs(engine: &Arc<Engine>, store: &Store) {
         status_mb("VmHWM:"),
         verdict(rss < 100.0)
     );
+}
+
+/// CPU time of the store's writer thread so far (from /proc), which shows whether
+/// the single writer is what limits concurrent turns.
+fn writer_cpu() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let tick = Duration::from_secs(1) / 100; // USER_HZ on Linux
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("vectorstep-stor") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+        return tick * (ticks(11) + ticks(12));
+    }
+    Duration::ZERO
 }
 
 /// CPU time this process has used (all threads: engine, store writer, fake peer).
