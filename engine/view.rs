@@ -271,7 +271,7 @@ pub fn turn_table(turns: &Value) -> String {
             .unwrap_or_default();
         if calls.is_empty() {
             let status = text(&t["status"]);
-            let what = if status == "completed" {
+            let what = if status == crate::domain::TurnStatus::Completed.as_str() {
                 "(answer)"
             } else {
                 "(no reply)"
