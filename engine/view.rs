@@ -199,3 +199,204 @@ pub fn step_table(steps: &[StepRecord]) -> String {
     }
     out
 }
+
+/// `s` made safe for a terminal: control characters (ESC, CSI, newlines, DEL, the
+/// C1 range) and the invisible formatting characters that reorder or hide text
+/// (bidirectional overrides, zero-width ones) are written as escapes (`\n`,
+/// `\u{1b}`), so a value a model or a tool chose cannot move the cursor, recolour
+/// the screen or disguise itself. Everything else is kept as it is.
+pub fn terminal_safe(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() || is_invisible_format(c) => {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Unicode format characters that change how the text around them is shown.
+fn is_invisible_format(c: char) -> bool {
+    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+}
+
+/// The first `max` characters of `s`, with `…` when something was cut.
+fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
+    t.push('…');
+    t
+}
+
+/// How many characters of a call's arguments the turn table shows.
+pub const TABLE_ARGUMENTS_CHARS: usize = 48;
+
+/// An agent step's turns (the `turns` of [`run_detail`]) as a terminal table: one
+/// row per tool call (turn, tool, arguments cut to [`TABLE_ARGUMENTS_CHARS`],
+/// outcome, duration: milliseconds under a second) and one for a turn without calls (the answer, or a turn
+/// that got no reply). A turn's tokens are on its first row. Turns of loop
+/// iterations after the first read `iteration:turn`. Tool names and arguments
+/// come from the model: they go through [`terminal_safe`].
+pub fn turn_table(turns: &Value) -> String {
+    let mut rows = vec![[
+        "TURN".to_string(),
+        "TOOL".into(),
+        "ARGUMENTS".into(),
+        "OUTCOME".into(),
+        "DURATION".into(),
+        "TOKENS".into(),
+    ]];
+    let text = |v: &Value| terminal_safe(v.as_str().unwrap_or("-"));
+    for t in turns.as_array().map(Vec::as_slice).unwrap_or_default() {
+        let iteration = t["iteration"].as_u64().unwrap_or(1);
+        let turn = match t["turn"].as_u64() {
+            Some(n) if iteration > 1 => format!("{iteration}:{n}"),
+            Some(n) => n.to_string(),
+            None => "-".into(),
+        };
+        let tokens = (t["input_tokens"].as_u64().unwrap_or(0)
+            + t["output_tokens"].as_u64().unwrap_or(0))
+        .to_string();
+        let calls = t["tool_calls"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if calls.is_empty() {
+            let status = text(&t["status"]);
+            let what = if status == crate::domain::TurnStatus::Completed.as_str() {
+                "(answer)"
+            } else {
+                "(no reply)"
+            };
+            rows.push([turn, what.into(), "-".into(), status, "-".into(), tokens]);
+            continue;
+        }
+        for (i, c) in calls.iter().enumerate() {
+            let arguments = match &c["arguments"] {
+                Value::Null => "-".to_string(),
+                v => truncate(&terminal_safe(&v.to_string()), TABLE_ARGUMENTS_CHARS),
+            };
+            rows.push([
+                turn.clone(),
+                text(&c["tool"]),
+                arguments,
+                text(&c["status"]),
+                c["duration_ms"]
+                    .as_u64()
+                    .map(|d| match d {
+                        0..=999 => format!("{d}ms"),
+                        _ => format!("{:.2}s", d as f64 / 1000.0),
+                    })
+                    .unwrap_or_else(|| "-".into()),
+                if i == 0 {
+                    tokens.clone()
+                } else {
+                    String::new()
+                },
+            ]);
+        }
+    }
+    let widths: Vec<usize> = (0..6)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let line: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| format!("{cell:<w$}", w = widths[c]))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// For every agent step of a run (`run_detail`'s `steps` with `turns`), a heading
+/// and its [`turn_table`]; empty when the run has no agent turns.
+pub fn agent_turn_tables(detail: &Value) -> String {
+    let mut out = String::new();
+    for s in detail["steps"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        let Some(turns) = s
+            .get("turns")
+            .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+        else {
+            continue;
+        };
+        out.push_str(&format!(
+            "\nagent step {} ({}):\n",
+            terminal_safe(s["step_name"].as_str().unwrap_or("-")),
+            terminal_safe(s["agent"].as_str().unwrap_or("-")),
+        ));
+        out.push_str(&turn_table(turns));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_safe_escapes_what_a_terminal_would_act_on() {
+        assert_eq!(terminal_safe("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(terminal_safe("x\u{9b}31m"), "x\\u{9b}31m");
+        assert_eq!(terminal_safe("l1\nl2\r\t\u{7f}"), "l1\\nl2\\r\\t\\u{7f}");
+        assert_eq!(terminal_safe("evil\u{202e}txt.exe"), "evil\\u{202e}txt.exe");
+        assert_eq!(terminal_safe("ünïcode ok: …"), "ünïcode ok: …");
+    }
+
+    #[test]
+    fn turn_table_has_a_row_per_call_and_one_for_the_answer() {
+        let turns = json!([
+            {"iteration": 1, "turn": 1, "status": "completed", "input_tokens": 10, "output_tokens": 2,
+             "tool_calls": [
+                {"tool": "get_pods", "arguments": {"namespace": "shop"}, "status": "completed", "duration_ms": 12},
+                {"tool": "get\u{1b}]0;x\u{7}", "arguments": {"pod": "p".repeat(80)}, "status": "failed", "duration_ms": null},
+             ]},
+            {"iteration": 2, "turn": 1, "status": "completed", "input_tokens": 5, "output_tokens": 5, "tool_calls": []},
+        ]);
+        let table = turn_table(&turns);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 4, "{table}");
+        assert!(lines[0].starts_with("TURN  TOOL"), "{table}");
+        assert!(lines[1].starts_with("1     get_pods"), "{table}");
+        assert!(
+            lines[1].contains(r#"{"namespace":"shop"}"#) && lines[1].contains("12ms"),
+            "{table}"
+        );
+        assert!(
+            lines[1].trim_end().ends_with("12"),
+            "tokens on the turn's first row: {table}"
+        );
+        assert!(
+            lines[2].contains("get\\u{1b}]0;x\\u{7}") && lines[2].contains("failed"),
+            "{table}"
+        );
+        assert!(
+            lines[2].contains('…') && !lines[2].contains(&"p".repeat(60)),
+            "{table}"
+        );
+        assert!(!lines[2].trim_end().ends_with("12"), "{table}");
+        assert!(
+            lines[3].starts_with("2:1") && lines[3].contains("(answer)"),
+            "{table}"
+        );
+        assert!(
+            !table.contains('\u{1b}') && !table.contains('\u{7}'),
+            "{table}"
+        );
+    }
+}

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod approvals;
+mod demo_mcp;
 mod run;
 mod serve;
 mod tools;
@@ -94,6 +95,10 @@ pub enum Command {
         #[command(subcommand)]
         command: ToolsCommand,
     },
+    /// A demo MCP server on stdin/stdout with canned ops tools, for the offline
+    /// agent sample (samples/agents/). Hidden: it is a fixture, not a command.
+    #[command(hide = true)]
+    DemoMcp,
 }
 
 #[derive(Subcommand, Debug)]
@@ -246,6 +251,7 @@ pub fn main() -> i32 {
             command: RunsCommand::Show { run_id, json },
         } => run::show(&cli, run_id, *json),
         Command::Sweep { .. } => run::sweep_dry_run(&cli),
+        Command::DemoMcp => demo_mcp::serve(),
         Command::Approvals {
             url,
             bearer,

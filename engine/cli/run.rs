@@ -115,6 +115,12 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
             println!("{}", serde_json::to_string_pretty(&view::run_detail(&run, &steps, &events, &journals))?);
         } else {
             print!("{}", view::step_table(&steps));
+            // Agent steps: what each turn asked for and how it went.
+            let journals = store.journals_of_run(&run_id)?;
+            if !journals.is_empty() {
+                let detail = view::run_detail(&run, &steps, &[], &journals);
+                print!("{}", view::agent_turn_tables(&detail));
+            }
             println!();
             println!("run {run_id} ({}) finished: {status}", run.pipeline_name);
             if let Some(reason) = run.reason.as_deref().filter(|_| status != RunStatus::Completed) {
@@ -360,8 +366,8 @@ pub fn show(cli: &Cli, run_id: &str, json: bool) -> anyhow::Result<i32> {
         .ok_or_else(|| anyhow::anyhow!("no run with id {run_id}"))?;
     let steps = store.steps(run_id)?;
     let events = store.events(run_id)?;
+    let journals = store.journals_of_run(run_id)?;
     if json {
-        let journals = store.journals_of_run(run_id)?;
         println!(
             "{}",
             serde_json::to_string_pretty(&view::run_detail(&run, &steps, &events, &journals))?
@@ -383,14 +389,19 @@ pub fn show(cli: &Cli, run_id: &str, json: bool) -> anyhow::Result<i32> {
     }
     println!();
     print!("{}", view::step_table(&steps));
+    if !journals.is_empty() {
+        let detail = view::run_detail(&run, &steps, &[], &journals);
+        print!("{}", view::agent_turn_tables(&detail));
+    }
     println!();
     for e in events {
+        // Messages quote payloads, tool arguments and model output.
         println!(
             "{}  {:<5}  {:<28}  {}",
             rfc3339(e.ts),
             e.level,
             e.event,
-            e.msg
+            view::terminal_safe(&e.msg)
         );
     }
     Ok(0)

@@ -3,6 +3,8 @@
 //! Rules (SPEC 10, "stdio servers run in their own process group and die with
 //! `serve`"):
 //! - `command` is an argv list run without a shell; `env` is added to ours.
+//!   `command[0]` is looked up on `PATH`, except `vectorstep`, which is this very
+//!   binary (see [`program`]).
 //! - The child leads a process group of its own (`process_group(0)`), so a
 //!   timeout or shutdown kills the server and everything it started, and a
 //!   Ctrl-C in a terminal does not reach it before we decide.
@@ -78,7 +80,7 @@ pub(super) async fn spawn(
     let Some((program, args)) = command.split_first() else {
         return Err("empty command".into());
     };
-    let mut cmd = Command::new(program);
+    let mut cmd = Command::new(self::program(program));
     cmd.args(args).envs(env).process_group(0);
     let parent = std::process::id();
     // SAFETY: the closure runs in the forked child before exec and only makes
@@ -129,6 +131,22 @@ pub(super) async fn spawn(
         tokio::spawn(forward_stderr(name.to_string(), pid, stderr));
     }
     Ok((child, Group { pid }))
+}
+
+/// What runs for `command[0]`. `vectorstep` is the running binary itself, so a
+/// server built into it (`vectorstep demo-mcp`) is the same build as the service,
+/// under `cargo run` and from an unpacked release alike, without being on `PATH`.
+/// Only when this process *is* vectorstep (a test harness is not) and its file
+/// still exists (a deploy may have replaced it); otherwise `PATH` decides.
+fn program(name: &str) -> std::ffi::OsString {
+    if name == "vectorstep" {
+        if let Ok(exe) = std::env::current_exe() {
+            if exe.file_stem().is_some_and(|s| s == "vectorstep") && exe.is_file() {
+                return exe.into_os_string();
+            }
+        }
+    }
+    name.into()
 }
 
 /// Logs each line the server writes to stderr until it closes.
