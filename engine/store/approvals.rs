@@ -1,8 +1,9 @@
 //! `pending_approvals`: human approval requests, their deadline and their decision.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension};
 
 use super::connection::{query_all, query_opt, word_at, Cols};
+use super::sql::lite;
 use super::{Error, Outcome, Store};
 use crate::domain::{ApprovalStatus, RunId, UnixMillis};
 
@@ -58,22 +59,22 @@ pub(super) fn insert(conn: &Connection, a: &ApprovalRecord) -> rusqlite::Result<
         "INSERT INTO pending_approvals ({COLUMNS}) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
     ))?
-    .execute(params![
-        a.token,
-        a.run_id,
-        a.step_path,
-        a.pipeline_name,
-        a.message,
-        a.team,
-        a.stage,
-        a.channel,
-        a.created_at,
-        a.deadline_at,
-        a.status.as_str(),
-        a.decided_by,
-        a.decided_at,
-        a.delivery_json,
-    ])?;
+    .execute(lite(&[
+        &a.token,
+        &a.run_id,
+        &a.step_path,
+        &a.pipeline_name,
+        &a.message,
+        &a.team,
+        &a.stage,
+        &a.channel,
+        &a.created_at,
+        &a.deadline_at,
+        &a.status.as_str(),
+        &a.decided_by,
+        &a.decided_at,
+        &a.delivery_json,
+    ]))?;
     Ok(Outcome::Done)
 }
 
@@ -83,7 +84,7 @@ pub(super) fn set_delivery(
     delivery_json: &str,
 ) -> rusqlite::Result<Outcome> {
     conn.prepare_cached("UPDATE pending_approvals SET delivery_json = ?2 WHERE token = ?1")?
-        .execute(params![token, delivery_json])?;
+        .execute(lite(&[&token, &delivery_json]))?;
     Ok(Outcome::Done)
 }
 
@@ -101,7 +102,7 @@ pub(super) fn decide(
             "UPDATE pending_approvals SET status = ?2, decided_by = ?3, decided_at = ?4 \
              WHERE token = ?1 AND status = 'pending'",
         )?
-        .execute(params![token, status.as_str(), by, at])?;
+        .execute(lite(&[&token, &status.as_str(), &by, &at]))?;
     if changed > 0 {
         return Ok(Outcome::ApprovalDecided);
     }
@@ -121,7 +122,7 @@ pub(super) fn close_of_run(conn: &Connection, run_id: &str, at: i64) -> rusqlite
         "UPDATE pending_approvals SET status = 'closed', decided_at = ?2 \
          WHERE run_id = ?1 AND status = 'pending'",
     )?
-    .execute(params![run_id, at])?;
+    .execute(lite(&[&run_id, &at]))?;
     Ok(Outcome::Done)
 }
 
@@ -129,7 +130,7 @@ impl Store {
     pub fn approval(&self, token: &str) -> Result<Option<ApprovalRecord>, Error> {
         self.read(|conn| {
             let sql = format!("SELECT {COLUMNS} FROM pending_approvals WHERE token = ?1");
-            query_opt(conn, TABLE, &sql, [token], ApprovalRecord::decode)
+            query_opt(conn, TABLE, &sql, &[&token], ApprovalRecord::decode)
         })
     }
 
@@ -143,7 +144,13 @@ impl Store {
                 "SELECT {COLUMNS} FROM pending_approvals WHERE status = ?1 \
                  ORDER BY created_at, token"
             );
-            query_all(conn, TABLE, &sql, [status.as_str()], ApprovalRecord::decode)
+            query_all(
+                conn,
+                TABLE,
+                &sql,
+                &[&status.as_str()],
+                ApprovalRecord::decode,
+            )
         })
     }
 
@@ -169,7 +176,7 @@ impl Store {
                 conn,
                 TABLE,
                 "SELECT token FROM pending_approvals WHERE status = 'pending'",
-                [],
+                &[],
                 |c| c.get("token"),
             )
         })
@@ -182,7 +189,7 @@ impl Store {
                 "SELECT {COLUMNS} FROM pending_approvals WHERE run_id = ?1 \
                  ORDER BY created_at, token"
             );
-            query_all(conn, TABLE, &sql, [run_id], ApprovalRecord::decode)
+            query_all(conn, TABLE, &sql, &[&run_id], ApprovalRecord::decode)
         })
     }
 }

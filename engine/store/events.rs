@@ -1,8 +1,9 @@
 //! `run_events`: the run log, append-only, read back in the order it was written.
 
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 
 use super::connection::{query_all, Cols};
+use super::sql::lite;
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, UnixMillis};
 
@@ -40,14 +41,14 @@ pub(super) fn append(conn: &Connection, event: &EventRecord) -> rusqlite::Result
         "INSERT INTO run_events (run_id, ts, level, event, msg, fields_json) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?
-    .execute(params![
-        event.run_id,
-        event.ts,
-        event.level,
-        event.event,
-        event.msg,
-        event.fields_json
-    ])?;
+    .execute(lite(&[
+        &event.run_id,
+        &event.ts,
+        &event.level,
+        &event.event,
+        &event.msg,
+        &event.fields_json,
+    ]))?;
     Ok(Outcome::Done)
 }
 
@@ -61,7 +62,7 @@ impl Store {
                 TABLE,
                 "SELECT id, run_id, ts, level, event, msg, fields_json FROM run_events \
                  WHERE run_id = ?1 ORDER BY id",
-                [run_id],
+                &[&run_id],
                 EventRecord::decode,
             )
         })

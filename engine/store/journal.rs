@@ -11,9 +11,10 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 
 use super::connection::{query_all, Cols};
+use super::sql::lite;
 use super::{Error, Outcome, Store};
 use crate::domain::{DelegationStatus, RunId, ToolCallStatus, ToolEffect, TurnStatus, UnixMillis};
 
@@ -239,22 +240,22 @@ pub(super) fn upsert_turn(conn: &Connection, t: &TurnRecord) -> rusqlite::Result
              started_at = excluded.started_at, finished_at = excluded.finished_at"
         )
     });
-    conn.prepare_cached(&SQL)?.execute(params![
-        t.run_id,
-        t.step_path,
-        t.iteration,
-        t.turn,
-        t.status.as_str(),
-        t.messages_json,
-        t.reply_json,
-        t.tools_json,
-        t.input_tokens,
-        t.output_tokens,
-        t.cost_usd,
-        t.error,
-        t.started_at,
-        t.finished_at,
-    ])?;
+    conn.prepare_cached(&SQL)?.execute(lite(&[
+        &t.run_id,
+        &t.step_path,
+        &t.iteration,
+        &t.turn,
+        &t.status.as_str(),
+        &t.messages_json,
+        &t.reply_json,
+        &t.tools_json,
+        &t.input_tokens,
+        &t.output_tokens,
+        &t.cost_usd,
+        &t.error,
+        &t.started_at,
+        &t.finished_at,
+    ]))?;
     Ok(Outcome::Done)
 }
 
@@ -277,27 +278,27 @@ pub(super) fn upsert_call(conn: &Connection, c: &ToolCallRecord) -> rusqlite::Re
              finished_at = excluded.finished_at, duration_ms = excluded.duration_ms"
         )
     });
-    conn.prepare_cached(&SQL)?.execute(params![
-        c.run_id,
-        c.step_path,
-        c.iteration,
-        c.turn,
-        c.call_index,
-        c.call_id,
-        c.tool,
-        c.arguments_json,
-        c.effect.as_str(),
-        c.effect_key,
-        c.status.as_str(),
-        c.attempt,
-        c.result_json,
-        c.approval_token,
-        c.approval_deadline,
-        c.decided_by,
-        c.started_at,
-        c.finished_at,
-        c.duration_ms,
-    ])?;
+    conn.prepare_cached(&SQL)?.execute(lite(&[
+        &c.run_id,
+        &c.step_path,
+        &c.iteration,
+        &c.turn,
+        &c.call_index,
+        &c.call_id,
+        &c.tool,
+        &c.arguments_json,
+        &c.effect.as_str(),
+        &c.effect_key,
+        &c.status.as_str(),
+        &c.attempt,
+        &c.result_json,
+        &c.approval_token,
+        &c.approval_deadline,
+        &c.decided_by,
+        &c.started_at,
+        &c.finished_at,
+        &c.duration_ms,
+    ]))?;
     Ok(Outcome::Done)
 }
 
@@ -316,18 +317,18 @@ pub(super) fn upsert_delegation(
              finished_at = excluded.finished_at"
         )
     });
-    conn.prepare_cached(&SQL)?.execute(params![
-        d.run_id,
-        d.step_path,
-        d.key,
-        d.agent,
-        d.question,
-        d.status.as_str(),
-        d.output_json,
-        d.journal_path,
-        d.started_at,
-        d.finished_at,
-    ])?;
+    conn.prepare_cached(&SQL)?.execute(lite(&[
+        &d.run_id,
+        &d.step_path,
+        &d.key,
+        &d.agent,
+        &d.question,
+        &d.status.as_str(),
+        &d.output_json,
+        &d.journal_path,
+        &d.started_at,
+        &d.finished_at,
+    ]))?;
     Ok(Outcome::Done)
 }
 
@@ -355,7 +356,7 @@ impl Store {
                     "SELECT {TURN_COLUMNS} FROM agent_turns WHERE {STEP_RANGE} \
                      ORDER BY step_path, iteration, turn"
                 ),
-                params![run_id, step_path, below, end],
+                &[&run_id, &step_path, &below, &end],
                 TurnRecord::decode,
             )?;
             let calls = query_all(
@@ -365,7 +366,7 @@ impl Store {
                     "SELECT {CALL_COLUMNS} FROM tool_calls WHERE {STEP_RANGE} \
                      ORDER BY step_path, iteration, turn, call_index"
                 ),
-                params![run_id, step_path, below, end],
+                &[&run_id, &step_path, &below, &end],
                 ToolCallRecord::decode,
             )?;
             let delegations = query_all(
@@ -375,7 +376,7 @@ impl Store {
                     "SELECT {DELEGATION_COLUMNS} FROM agent_delegations WHERE {STEP_RANGE} \
                      ORDER BY step_path, key"
                 ),
-                params![run_id, step_path, below, end],
+                &[&run_id, &step_path, &below, &end],
                 DelegationRecord::decode,
             )?;
             Ok(StepJournal {
@@ -400,7 +401,7 @@ impl Store {
                     "SELECT {TURN_COLUMNS} FROM agent_turns WHERE run_id = ?1 \
                      ORDER BY step_path, iteration, turn"
                 ),
-                [run_id],
+                &[&run_id],
                 TurnRecord::decode,
             )?;
             let calls = query_all(
@@ -410,7 +411,7 @@ impl Store {
                     "SELECT {CALL_COLUMNS} FROM tool_calls WHERE run_id = ?1 \
                      ORDER BY step_path, iteration, turn, call_index"
                 ),
-                [run_id],
+                &[&run_id],
                 ToolCallRecord::decode,
             )?;
             let delegations = query_all(
@@ -420,7 +421,7 @@ impl Store {
                     "SELECT {DELEGATION_COLUMNS} FROM agent_delegations WHERE run_id = ?1 \
                      ORDER BY step_path, key"
                 ),
-                [run_id],
+                &[&run_id],
                 DelegationRecord::decode,
             )?;
             Ok((turns, calls, delegations))

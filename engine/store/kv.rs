@@ -1,9 +1,10 @@
 //! `kv`: small pieces of service state that must survive restarts, such as the
 //! Telegram update offset and the last fire time of each schedule.
 
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 
 use super::connection::query_opt;
+use super::sql::lite;
 use super::{Error, Outcome, Store};
 
 pub(super) fn set(conn: &Connection, key: &str, value: &str) -> rusqlite::Result<Outcome> {
@@ -11,7 +12,7 @@ pub(super) fn set(conn: &Connection, key: &str, value: &str) -> rusqlite::Result
         "INSERT INTO kv (key, value) VALUES (?1, ?2) \
          ON CONFLICT (key) DO UPDATE SET value = excluded.value",
     )?
-    .execute(params![key, value])?;
+    .execute(lite(&[&key, &value]))?;
     Ok(Outcome::Done)
 }
 
@@ -22,7 +23,7 @@ impl Store {
                 conn,
                 "kv",
                 "SELECT value FROM kv WHERE key = ?1",
-                [key],
+                &[&key],
                 |c| c.get("value"),
             )
         })

@@ -76,6 +76,7 @@ mod migrations;
 mod notifications;
 pub mod postgres;
 mod runs;
+mod sql;
 mod steps;
 mod writer;
 

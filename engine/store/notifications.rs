@@ -4,9 +4,10 @@
 //! change that causes it, sends it, then marks it `sent` or `failed`. After a crash the
 //! `pending` rows are exactly the notifications still owed.
 
-use rusqlite::{params, Connection};
+use rusqlite::Connection;
 
 use super::connection::{query_all, Cols};
+use super::sql::lite;
 use super::{Error, Outcome, Store};
 use crate::domain::{NotificationStatus, RunId, UnixMillis};
 
@@ -53,17 +54,17 @@ pub(super) fn insert(conn: &Connection, n: &NotificationRecord) -> rusqlite::Res
         "INSERT OR IGNORE INTO notifications ({COLUMNS}) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
     ))?
-    .execute(params![
-        n.id,
-        n.run_id,
-        n.action,
-        n.channel,
-        n.message,
-        n.status.as_str(),
-        n.created_at,
-        n.sent_at,
-        n.error,
-    ])?;
+    .execute(lite(&[
+        &n.id,
+        &n.run_id,
+        &n.action,
+        &n.channel,
+        &n.message,
+        &n.status.as_str(),
+        &n.created_at,
+        &n.sent_at,
+        &n.error,
+    ]))?;
     Ok(Outcome::Done)
 }
 
@@ -78,7 +79,7 @@ pub(super) fn mark(
     conn.prepare_cached(
         "UPDATE notifications SET status = ?2, sent_at = ?3, error = ?4 WHERE id = ?1",
     )?
-    .execute(params![id, status.as_str(), at, error])?;
+    .execute(lite(&[&id, &status.as_str(), &at, &error]))?;
     Ok(Outcome::Done)
 }
 
@@ -89,7 +90,7 @@ impl Store {
             let sql = format!(
                 "SELECT {COLUMNS} FROM notifications WHERE run_id = ?1 ORDER BY created_at, id"
             );
-            query_all(conn, TABLE, &sql, [run_id], NotificationRecord::decode)
+            query_all(conn, TABLE, &sql, &[&run_id], NotificationRecord::decode)
         })
     }
 
@@ -100,7 +101,7 @@ impl Store {
                 "SELECT {COLUMNS} FROM notifications WHERE status = 'pending' \
                  ORDER BY created_at, id"
             );
-            query_all(conn, TABLE, &sql, [], NotificationRecord::decode)
+            query_all(conn, TABLE, &sql, &[], NotificationRecord::decode)
         })
     }
 }

@@ -1,8 +1,9 @@
 //! `pipeline_runs`: one row per run; the resume sweep starts from its `running` rows.
 
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension};
 
 use super::connection::{query_all, query_opt, word_at, Cols};
+use super::sql::lite;
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, RunStatus, UnixMillis};
 
@@ -103,9 +104,10 @@ pub(super) fn insert_dedup(
                  AND dedup_fingerprint = ?2 AND triggered_at >= ?3 \
                  ORDER BY triggered_at DESC LIMIT 1",
             )?
-            .query_row(params![run.pipeline_name, fingerprint, window_start], |r| {
-                Ok((r.get(0)?, word_at(r, 1)?))
-            })
+            .query_row(
+                lite(&[&run.pipeline_name, &fingerprint, &window_start]),
+                |r| Ok((r.get(0)?, word_at(r, 1)?)),
+            )
             .optional()?;
         if let Some((existing_run_id, status)) = recent {
             return Ok(Outcome::DuplicateRecent {
@@ -136,35 +138,35 @@ fn running_duplicate(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Opt
             "SELECT id FROM pipeline_runs WHERE pipeline_name = ?1 \
              AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
         )?
-        .query_row(params![run.pipeline_name, fingerprint], |r| r.get(0))
+        .query_row(lite(&[&run.pipeline_name, &fingerprint]), |r| r.get(0))
         .optional()?;
     Ok(existing.map(|existing_run_id| Outcome::DuplicateRunning { existing_run_id }))
 }
 
 fn insert_row(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(INSERT)?.execute(params![
-        run.id,
-        run.pipeline_name,
-        run.status.as_str(),
-        run.source,
-        run.team,
-        run.stage,
-        run.triggered_at,
-        run.completed_at,
-        run.resumed_at,
-        run.resume_count,
-        run.config_fingerprint,
-        run.parent_run_id,
-        run.parent_step_path,
-        run.dedup_fingerprint,
-        run.context_json,
-        run.payload_json,
-        run.tokens_used,
-        run.cost_usd,
-        run.terminal_step,
-        run.reason,
-        run.final_output_json,
-    ])?;
+    conn.prepare_cached(INSERT)?.execute(lite(&[
+        &run.id,
+        &run.pipeline_name,
+        &run.status.as_str(),
+        &run.source,
+        &run.team,
+        &run.stage,
+        &run.triggered_at,
+        &run.completed_at,
+        &run.resumed_at,
+        &run.resume_count,
+        &run.config_fingerprint,
+        &run.parent_run_id,
+        &run.parent_step_path,
+        &run.dedup_fingerprint,
+        &run.context_json,
+        &run.payload_json,
+        &run.tokens_used,
+        &run.cost_usd,
+        &run.terminal_step,
+        &run.reason,
+        &run.final_output_json,
+    ]))?;
     Ok(Outcome::RunInserted)
 }
 
@@ -184,14 +186,14 @@ pub(super) fn finish(
             "UPDATE pipeline_runs SET status = ?2, completed_at = ?3, terminal_step = ?4, \
              reason = ?5, final_output_json = ?6 WHERE id = ?1 AND status = 'running'",
         )?
-        .execute(params![
-            run_id,
-            status.as_str(),
-            completed_at,
-            terminal_step,
-            reason,
-            final_output_json
-        ])?;
+        .execute(lite(&[
+            &run_id,
+            &status.as_str(),
+            &completed_at,
+            &terminal_step,
+            &reason,
+            &final_output_json,
+        ]))?;
     Ok(if changed == 0 {
         Outcome::NotRunning
     } else {
@@ -206,7 +208,7 @@ pub(super) fn set_usage(
     cost_usd: f64,
 ) -> rusqlite::Result<Outcome> {
     conn.prepare_cached("UPDATE pipeline_runs SET tokens_used = ?2, cost_usd = ?3 WHERE id = ?1")?
-        .execute(params![run_id, tokens_used, cost_usd])?;
+        .execute(lite(&[&run_id, &tokens_used, &cost_usd]))?;
     Ok(Outcome::Done)
 }
 
@@ -216,7 +218,7 @@ pub(super) fn mark_resumed(conn: &Connection, run_id: &str, at: i64) -> rusqlite
         "UPDATE pipeline_runs SET resumed_at = COALESCE(resumed_at, ?2), \
          resume_count = resume_count + 1 WHERE id = ?1",
     )?
-    .execute(params![run_id, at])?;
+    .execute(lite(&[&run_id, &at]))?;
     Ok(Outcome::Done)
 }
 
@@ -227,7 +229,7 @@ pub(super) fn set_owner(
     owner: Option<&str>,
 ) -> rusqlite::Result<Outcome> {
     conn.prepare_cached("UPDATE pipeline_runs SET owner = ?2 WHERE id = ?1")?
-        .execute(params![run_id, owner])?;
+        .execute(lite(&[&run_id, &owner]))?;
     Ok(Outcome::Done)
 }
 
@@ -260,7 +262,7 @@ impl Store {
                      AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
                 )
                 .and_then(|mut st| {
-                    st.query_row(params![pipeline, fingerprint], |r| r.get(0))
+                    st.query_row(lite(&[&pipeline, &fingerprint]), |r| r.get(0))
                         .optional()
                 })?;
             if let Some(run_id) = running {
@@ -279,7 +281,7 @@ impl Store {
                  ORDER BY triggered_at DESC LIMIT 1",
             )
             .and_then(|mut st| {
-                st.query_row(params![pipeline, fingerprint, window_start], |r| {
+                st.query_row(lite(&[&pipeline, &fingerprint, &window_start]), |r| {
                     Ok(DuplicateOf {
                         run_id: r.get(0)?,
                         status: word_at(r, 1)?,
@@ -301,7 +303,7 @@ impl Store {
                 TABLE,
                 "SELECT id, owner FROM pipeline_runs WHERE owner IS NOT NULL \
                  AND status = 'running' ORDER BY triggered_at, id",
-                [],
+                &[],
                 |c| Ok((c.get("id")?, c.get("owner")?)),
             )
         })
@@ -315,7 +317,7 @@ impl Store {
                 "SELECT {COLUMNS}, owner FROM pipeline_runs WHERE status = 'running' \
                  ORDER BY triggered_at, id"
             );
-            query_all(conn, TABLE, &sql, [], |c| {
+            query_all(conn, TABLE, &sql, &[], |c| {
                 Ok((RunRecord::decode(c)?, c.get("owner")?))
             })
         })
@@ -328,7 +330,7 @@ impl Store {
                 conn,
                 TABLE,
                 "SELECT owner FROM pipeline_runs WHERE id = ?1",
-                [run_id],
+                &[&run_id],
                 |c| c.get("owner"),
             )
         })
@@ -338,7 +340,7 @@ impl Store {
     pub fn run(&self, id: &str) -> Result<Option<RunRecord>, Error> {
         self.read(|conn| {
             let sql = format!("SELECT {COLUMNS} FROM pipeline_runs WHERE id = ?1");
-            query_opt(conn, TABLE, &sql, [id], RunRecord::decode)
+            query_opt(conn, TABLE, &sql, &[&id], RunRecord::decode)
         })
     }
 
@@ -373,7 +375,7 @@ impl Store {
                 conn,
                 TABLE,
                 &sql,
-                params![filter.status, filter.pipeline, limit, filter.offset],
+                &[&filter.status, &filter.pipeline, &limit, &filter.offset],
                 RunRecord::decode,
             )
         })
@@ -385,7 +387,7 @@ impl Store {
             let sql = format!(
                 "SELECT {COLUMNS} FROM pipeline_runs WHERE status = ?1 ORDER BY triggered_at, id"
             );
-            query_all(conn, TABLE, &sql, [status.as_str()], RunRecord::decode)
+            query_all(conn, TABLE, &sql, &[&status.as_str()], RunRecord::decode)
         })
     }
 
@@ -405,7 +407,7 @@ impl Store {
                 conn,
                 TABLE,
                 &sql,
-                [parent_run_id, parent_step_path],
+                &[&parent_run_id, &parent_step_path],
                 RunRecord::decode,
             )
         })
@@ -435,10 +437,10 @@ pub(super) fn prune(conn: &Connection, cutoff: i64) -> rusqlite::Result<Outcome>
     ];
     for table in owned.into_iter().chain(super::journal::TABLES) {
         conn.prepare_cached(&format!("DELETE FROM {table} WHERE run_id IN ({old})"))?
-            .execute(params![cutoff])?;
+            .execute(lite(&[&cutoff]))?;
     }
     let runs = conn
         .prepare_cached("DELETE FROM pipeline_runs WHERE status != 'running' AND completed_at IS NOT NULL AND completed_at < ?1")?
-        .execute(params![cutoff])?;
+        .execute(lite(&[&cutoff]))?;
     Ok(Outcome::Pruned { runs: runs as u64 })
 }
