@@ -17,6 +17,9 @@ pub(super) enum Value<'a> {
     Int(i64),
     Real(f64),
     Text(&'a str),
+    /// An unsigned count past `i64::MAX`: the statement fails with it, so no
+    /// impossible total is ever stored (wrapped or clamped).
+    TooLarge(u64),
 }
 
 /// Anything a table file binds.
@@ -40,10 +43,8 @@ impl Bind for u32 {
 }
 
 impl Bind for u64 {
-    /// Counters past `i64::MAX` (never reached: the engine bounds usage) are kept at
-    /// the largest storable value rather than wrapped negative.
     fn value(&self) -> Value<'_> {
-        Value::Int(i64::try_from(*self).unwrap_or(i64::MAX))
+        i64::try_from(*self).map_or(Value::TooLarge(*self), Value::Int)
     }
 }
 
@@ -96,11 +97,17 @@ struct Lite<'a>(Value<'a>);
 impl rusqlite::ToSql for Lite<'_> {
     fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
         use rusqlite::types::{ToSqlOutput, ValueRef};
+        if let Value::TooLarge(n) = self.0 {
+            return Err(rusqlite::Error::ToSqlConversionFailure(
+                format!("{n} does not fit a signed 64-bit column").into(),
+            ));
+        }
         Ok(ToSqlOutput::Borrowed(match self.0 {
             Value::Null => ValueRef::Null,
             Value::Int(i) => ValueRef::Integer(i),
             Value::Real(r) => ValueRef::Real(r),
             Value::Text(t) => ValueRef::Text(t.as_bytes()),
+            Value::TooLarge(_) => ValueRef::Null,
         }))
     }
 }
@@ -262,7 +269,7 @@ mod tests {
             [
                 Value::Int(7),
                 Value::Int(7),
-                Value::Int(i64::MAX),
+                Value::TooLarge(u64::MAX),
                 Value::Real(0.5),
                 Value::Int(1),
                 Value::Text("t"),
