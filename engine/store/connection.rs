@@ -114,19 +114,6 @@ impl ReadPool {
 
 pub(super) use super::sql::Cols;
 
-/// Column `idx` of a raw row as one of `T`'s words, for the few statements the
-/// writer answers from (`Outcome::DuplicateRecent`, `Outcome::ApprovalAlreadyDecided`):
-/// any other word fails the statement as a conversion error instead of panicking.
-pub(super) fn word_at<T: crate::domain::Word>(
-    row: &rusqlite::Row,
-    idx: usize,
-) -> rusqlite::Result<T> {
-    let text: String = row.get(idx)?;
-    crate::domain::parse_word(&text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
-    })
-}
-
 /// Runs a query and decodes every row.
 pub(super) fn query_all<T>(
     conn: &Connection,

@@ -1,9 +1,7 @@
 //! `run_events`: the run log, append-only, read back in the order it was written.
 
-use rusqlite::Connection;
-
 use super::connection::{query_all, Cols};
-use super::sql::lite;
+use super::sql::{Db, DbError};
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, UnixMillis};
 
@@ -36,19 +34,19 @@ impl EventRecord {
     }
 }
 
-pub(super) fn append(conn: &Connection, event: &EventRecord) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(
+pub(super) fn append(db: &impl Db, event: &EventRecord) -> Result<Outcome, DbError> {
+    db.exec(
         "INSERT INTO run_events (run_id, ts, level, event, msg, fields_json) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(lite(&[
-        &event.run_id,
-        &event.ts,
-        &event.level,
-        &event.event,
-        &event.msg,
-        &event.fields_json,
-    ]))?;
+        &[
+            &event.run_id,
+            &event.ts,
+            &event.level,
+            &event.event,
+            &event.msg,
+            &event.fields_json,
+        ],
+    )?;
     Ok(Outcome::Done)
 }
 

@@ -97,6 +97,7 @@ pub use journal::{
 };
 pub use notifications::NotificationRecord;
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
+pub use sql::DbError;
 pub use steps::StepRecord;
 pub use writer::{Outcome, Rejected, StoreStats, Write};
 

@@ -248,6 +248,66 @@ impl<'a> Cols<'a> {
     }
 }
 
+/// A failed statement of a write, whichever driver ran it.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A row the write read back could not be decoded.
+    #[error("{0}")]
+    Row(Box<Error>),
+}
+
+impl From<DbError> for Error {
+    fn from(e: DbError) -> Error {
+        match e {
+            DbError::Sqlite(e) => Error::Sqlite(e),
+            DbError::Row(e) => *e,
+        }
+    }
+}
+
+/// What a write needs of a connection inside the writer's transaction: run one
+/// statement, or read the first row of a query. Both backends' writers implement it,
+/// so each write is written once (see the table files).
+pub(super) trait Db {
+    /// Runs `sql`; how many rows it changed.
+    fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError>;
+
+    /// The first row of `sql` decoded by `decode`, or `None` when there is none.
+    fn first<T>(
+        &self,
+        table: &'static str,
+        sql: &str,
+        args: Args<'_>,
+        decode: impl FnOnce(&Cols) -> Result<T, Error>,
+    ) -> Result<Option<T>, DbError>;
+}
+
+impl Db for rusqlite::Connection {
+    fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {
+        // Cached: most statements run for every step record, thousands a second.
+        Ok(self.prepare_cached(sql)?.execute(lite(args))?)
+    }
+
+    fn first<T>(
+        &self,
+        table: &'static str,
+        sql: &str,
+        args: Args<'_>,
+        decode: impl FnOnce(&Cols) -> Result<T, Error>,
+    ) -> Result<Option<T>, DbError> {
+        let mut stmt = self.prepare_cached(sql)?;
+        let mut rows = stmt.query(lite(args))?;
+        match rows.next()? {
+            Some(row) => decode(&Cols::lite(row, table))
+                .map(Some)
+                .map_err(|e| DbError::Row(Box::new(e))),
+            None => Ok(None),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
