@@ -1,8 +1,7 @@
 //! `pending_approvals`: human approval requests, their deadline and their decision.
 
-use rusqlite::{params, Connection, OptionalExtension};
-
-use super::connection::{query_all, query_opt, word_at, Cols};
+use super::connection::{query_all, query_opt, Cols};
+use super::sql::{Db, DbError};
 use super::{Error, Outcome, Store};
 use crate::domain::{ApprovalStatus, RunId, UnixMillis};
 
@@ -53,62 +52,67 @@ impl ApprovalRecord {
     }
 }
 
-pub(super) fn insert(conn: &Connection, a: &ApprovalRecord) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(&format!(
-        "INSERT INTO pending_approvals ({COLUMNS}) \
+pub(super) fn insert(db: &impl Db, a: &ApprovalRecord) -> Result<Outcome, DbError> {
+    db.exec(
+        &format!(
+            "INSERT INTO pending_approvals ({COLUMNS}) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
-    ))?
-    .execute(params![
-        a.token,
-        a.run_id,
-        a.step_path,
-        a.pipeline_name,
-        a.message,
-        a.team,
-        a.stage,
-        a.channel,
-        a.created_at,
-        a.deadline_at,
-        a.status.as_str(),
-        a.decided_by,
-        a.decided_at,
-        a.delivery_json,
-    ])?;
+        ),
+        &[
+            &a.token,
+            &a.run_id,
+            &a.step_path,
+            &a.pipeline_name,
+            &a.message,
+            &a.team,
+            &a.stage,
+            &a.channel,
+            &a.created_at,
+            &a.deadline_at,
+            &a.status.as_str(),
+            &a.decided_by,
+            &a.decided_at,
+            &a.delivery_json,
+        ],
+    )?;
     Ok(Outcome::Done)
 }
 
 pub(super) fn set_delivery(
-    conn: &Connection,
+    db: &impl Db,
     token: &str,
     delivery_json: &str,
-) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached("UPDATE pending_approvals SET delivery_json = ?2 WHERE token = ?1")?
-        .execute(params![token, delivery_json])?;
+) -> Result<Outcome, DbError> {
+    db.exec(
+        "UPDATE pending_approvals SET delivery_json = ?2 WHERE token = ?1",
+        &[&token, &delivery_json],
+    )?;
     Ok(Outcome::Done)
 }
 
 /// A button press, an HTTP decision and the deadline can race; the single conditional
 /// UPDATE makes the first one recorded win and tells the others what happened.
 pub(super) fn decide(
-    conn: &Connection,
+    db: &impl Db,
     token: &str,
     status: ApprovalStatus,
     by: Option<&str>,
     at: i64,
-) -> rusqlite::Result<Outcome> {
-    let changed = conn
-        .prepare_cached(
-            "UPDATE pending_approvals SET status = ?2, decided_by = ?3, decided_at = ?4 \
+) -> Result<Outcome, DbError> {
+    let changed = db.exec(
+        "UPDATE pending_approvals SET status = ?2, decided_by = ?3, decided_at = ?4 \
              WHERE token = ?1 AND status = 'pending'",
-        )?
-        .execute(params![token, status.as_str(), by, at])?;
+        &[&token, &status.as_str(), &by, &at],
+    )?;
     if changed > 0 {
         return Ok(Outcome::ApprovalDecided);
     }
-    let current: Option<ApprovalStatus> = conn
-        .prepare_cached("SELECT status FROM pending_approvals WHERE token = ?1")?
-        .query_row([token], |r| word_at(r, 0))
-        .optional()?;
+    let current: Option<ApprovalStatus> = db.first(
+        TABLE,
+        "SELECT status FROM pending_approvals WHERE token = ?1",
+        &[&token],
+        |c| c.word("status"),
+    )?;
     Ok(match current {
         Some(status) => Outcome::ApprovalAlreadyDecided { status },
         None => Outcome::ApprovalUnknown,
@@ -116,12 +120,12 @@ pub(super) fn decide(
 }
 
 /// When a run ends while approvals are still open, they can no longer affect it.
-pub(super) fn close_of_run(conn: &Connection, run_id: &str, at: i64) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(
+pub(super) fn close_of_run(db: &impl Db, run_id: &str, at: i64) -> Result<Outcome, DbError> {
+    db.exec(
         "UPDATE pending_approvals SET status = 'closed', decided_at = ?2 \
          WHERE run_id = ?1 AND status = 'pending'",
-    )?
-    .execute(params![run_id, at])?;
+        &[&run_id, &at],
+    )?;
     Ok(Outcome::Done)
 }
 
@@ -129,7 +133,7 @@ impl Store {
     pub fn approval(&self, token: &str) -> Result<Option<ApprovalRecord>, Error> {
         self.read(|conn| {
             let sql = format!("SELECT {COLUMNS} FROM pending_approvals WHERE token = ?1");
-            query_opt(conn, TABLE, &sql, [token], ApprovalRecord::decode)
+            query_opt(conn, TABLE, &sql, &[&token], ApprovalRecord::decode)
         })
     }
 
@@ -143,7 +147,13 @@ impl Store {
                 "SELECT {COLUMNS} FROM pending_approvals WHERE status = ?1 \
                  ORDER BY created_at, token"
             );
-            query_all(conn, TABLE, &sql, [status.as_str()], ApprovalRecord::decode)
+            query_all(
+                conn,
+                TABLE,
+                &sql,
+                &[&status.as_str()],
+                ApprovalRecord::decode,
+            )
         })
     }
 
@@ -169,7 +179,7 @@ impl Store {
                 conn,
                 TABLE,
                 "SELECT token FROM pending_approvals WHERE status = 'pending'",
-                [],
+                &[],
                 |c| c.get("token"),
             )
         })
@@ -182,7 +192,7 @@ impl Store {
                 "SELECT {COLUMNS} FROM pending_approvals WHERE run_id = ?1 \
                  ORDER BY created_at, token"
             );
-            query_all(conn, TABLE, &sql, [run_id], ApprovalRecord::decode)
+            query_all(conn, TABLE, &sql, &[&run_id], ApprovalRecord::decode)
         })
     }
 }

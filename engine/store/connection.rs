@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rusqlite::types::FromSql;
-use rusqlite::{Connection, OpenFlags, Params, Row};
+use rusqlite::{Connection, OpenFlags};
+
+use super::sql::{lite, Args};
 
 use super::Error;
 
@@ -111,58 +112,21 @@ impl ReadPool {
     }
 }
 
-/// One row plus the table it came from, so decoding failures name table and column.
-pub(super) struct Cols<'a, 'r> {
-    row: &'a Row<'r>,
-    table: &'static str,
-}
-
-impl Cols<'_, '_> {
-    pub(super) fn get<T: FromSql>(&self, column: &'static str) -> Result<T, Error> {
-        self.row.get(column).map_err(|e| Error::Corrupt {
-            table: self.table,
-            column,
-            detail: e.to_string(),
-        })
-    }
-
-    /// A TEXT column holding one of `T`'s words; any other word is a corrupt row.
-    pub(super) fn word<T: crate::domain::Word>(&self, column: &'static str) -> Result<T, Error> {
-        let text: String = self.get(column)?;
-        crate::domain::parse_word(&text).map_err(|e| Error::Corrupt {
-            table: self.table,
-            column,
-            detail: e.to_string(),
-        })
-    }
-}
-
-/// Column `idx` of a raw row as one of `T`'s words, for the few statements the
-/// writer answers from (`Outcome::DuplicateRecent`, `Outcome::ApprovalAlreadyDecided`):
-/// any other word fails the statement as a conversion error instead of panicking.
-pub(super) fn word_at<T: crate::domain::Word>(
-    row: &rusqlite::Row,
-    idx: usize,
-) -> rusqlite::Result<T> {
-    let text: String = row.get(idx)?;
-    crate::domain::parse_word(&text).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
-    })
-}
+pub(super) use super::sql::Cols;
 
 /// Runs a query and decodes every row.
 pub(super) fn query_all<T>(
     conn: &Connection,
     table: &'static str,
     sql: &str,
-    params: impl Params,
+    args: Args<'_>,
     decode: impl Fn(&Cols) -> Result<T, Error>,
 ) -> Result<Vec<T>, Error> {
     let mut stmt = conn.prepare_cached(sql)?;
-    let mut rows = stmt.query(params)?;
+    let mut rows = stmt.query(lite(args))?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
-        out.push(decode(&Cols { row, table })?);
+        out.push(decode(&Cols::lite(row, table))?);
     }
     Ok(out)
 }
@@ -172,13 +136,13 @@ pub(super) fn query_opt<T>(
     conn: &Connection,
     table: &'static str,
     sql: &str,
-    params: impl Params,
+    args: Args<'_>,
     decode: impl Fn(&Cols) -> Result<T, Error>,
 ) -> Result<Option<T>, Error> {
     let mut stmt = conn.prepare_cached(sql)?;
-    let mut rows = stmt.query(params)?;
+    let mut rows = stmt.query(lite(args))?;
     match rows.next()? {
-        Some(row) => Ok(Some(decode(&Cols { row, table })?)),
+        Some(row) => Ok(Some(decode(&Cols::lite(row, table))?)),
         None => Ok(None),
     }
 }

@@ -50,7 +50,7 @@ pub enum Error {
     Write {
         index: usize,
         write: &'static str,
-        source: rusqlite::Error,
+        source: super::sql::DbError,
     },
 
     /// The shared group transaction could not be begun or committed, so this caller's
@@ -99,7 +99,11 @@ impl Error {
     /// Whether the same operation may succeed if tried again later.
     pub fn is_retriable(&self) -> bool {
         match self {
-            Error::Sqlite(e) | Error::Write { source: e, .. } => is_transient(e),
+            Error::Sqlite(e)
+            | Error::Write {
+                source: super::sql::DbError::Sqlite(e),
+                ..
+            } => is_transient(e),
             Error::Transaction { retriable, .. } => *retriable,
             Error::FileReplaced { .. } => true,
             _ => false,

@@ -1,8 +1,7 @@
 //! `run_events`: the run log, append-only, read back in the order it was written.
 
-use rusqlite::{params, Connection};
-
 use super::connection::{query_all, Cols};
+use super::sql::{Db, DbError};
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, UnixMillis};
 
@@ -35,19 +34,19 @@ impl EventRecord {
     }
 }
 
-pub(super) fn append(conn: &Connection, event: &EventRecord) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(
+pub(super) fn append(db: &impl Db, event: &EventRecord) -> Result<Outcome, DbError> {
+    db.exec(
         "INSERT INTO run_events (run_id, ts, level, event, msg, fields_json) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
-        event.run_id,
-        event.ts,
-        event.level,
-        event.event,
-        event.msg,
-        event.fields_json
-    ])?;
+        &[
+            &event.run_id,
+            &event.ts,
+            &event.level,
+            &event.event,
+            &event.msg,
+            &event.fields_json,
+        ],
+    )?;
     Ok(Outcome::Done)
 }
 
@@ -61,7 +60,7 @@ impl Store {
                 TABLE,
                 "SELECT id, run_id, ts, level, event, msg, fields_json FROM run_events \
                  WHERE run_id = ?1 ORDER BY id",
-                [run_id],
+                &[&run_id],
                 EventRecord::decode,
             )
         })

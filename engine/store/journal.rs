@@ -11,9 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{params, Connection};
-
 use super::connection::{query_all, Cols};
+use super::sql::{Db, DbError};
 use super::{Error, Outcome, Store};
 use crate::domain::{DelegationStatus, RunId, ToolCallStatus, ToolEffect, TurnStatus, UnixMillis};
 
@@ -226,7 +225,7 @@ impl DelegationRecord {
 
 /// The whole row replaces the stored one, as for step records: the loop always
 /// writes a turn's complete current state.
-pub(super) fn upsert_turn(conn: &Connection, t: &TurnRecord) -> rusqlite::Result<Outcome> {
+pub(super) fn upsert_turn(db: &impl Db, t: &TurnRecord) -> Result<Outcome, DbError> {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "INSERT INTO agent_turns ({TURN_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
@@ -239,29 +238,32 @@ pub(super) fn upsert_turn(conn: &Connection, t: &TurnRecord) -> rusqlite::Result
              started_at = excluded.started_at, finished_at = excluded.finished_at"
         )
     });
-    conn.prepare_cached(&SQL)?.execute(params![
-        t.run_id,
-        t.step_path,
-        t.iteration,
-        t.turn,
-        t.status.as_str(),
-        t.messages_json,
-        t.reply_json,
-        t.tools_json,
-        t.input_tokens,
-        t.output_tokens,
-        t.cost_usd,
-        t.error,
-        t.started_at,
-        t.finished_at,
-    ])?;
+    db.exec(
+        &SQL,
+        &[
+            &t.run_id,
+            &t.step_path,
+            &t.iteration,
+            &t.turn,
+            &t.status.as_str(),
+            &t.messages_json,
+            &t.reply_json,
+            &t.tools_json,
+            &t.input_tokens,
+            &t.output_tokens,
+            &t.cost_usd,
+            &t.error,
+            &t.started_at,
+            &t.finished_at,
+        ],
+    )?;
     Ok(Outcome::Done)
 }
 
 /// Replaces the call at its key. Another call already holding the same
 /// `effect_key` fails the write (and so its batch): two calls must never share the
 /// key a tool deduplicates on.
-pub(super) fn upsert_call(conn: &Connection, c: &ToolCallRecord) -> rusqlite::Result<Outcome> {
+pub(super) fn upsert_call(db: &impl Db, c: &ToolCallRecord) -> Result<Outcome, DbError> {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "INSERT INTO tool_calls ({CALL_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, \
@@ -277,34 +279,34 @@ pub(super) fn upsert_call(conn: &Connection, c: &ToolCallRecord) -> rusqlite::Re
              finished_at = excluded.finished_at, duration_ms = excluded.duration_ms"
         )
     });
-    conn.prepare_cached(&SQL)?.execute(params![
-        c.run_id,
-        c.step_path,
-        c.iteration,
-        c.turn,
-        c.call_index,
-        c.call_id,
-        c.tool,
-        c.arguments_json,
-        c.effect.as_str(),
-        c.effect_key,
-        c.status.as_str(),
-        c.attempt,
-        c.result_json,
-        c.approval_token,
-        c.approval_deadline,
-        c.decided_by,
-        c.started_at,
-        c.finished_at,
-        c.duration_ms,
-    ])?;
+    db.exec(
+        &SQL,
+        &[
+            &c.run_id,
+            &c.step_path,
+            &c.iteration,
+            &c.turn,
+            &c.call_index,
+            &c.call_id,
+            &c.tool,
+            &c.arguments_json,
+            &c.effect.as_str(),
+            &c.effect_key,
+            &c.status.as_str(),
+            &c.attempt,
+            &c.result_json,
+            &c.approval_token,
+            &c.approval_deadline,
+            &c.decided_by,
+            &c.started_at,
+            &c.finished_at,
+            &c.duration_ms,
+        ],
+    )?;
     Ok(Outcome::Done)
 }
 
-pub(super) fn upsert_delegation(
-    conn: &Connection,
-    d: &DelegationRecord,
-) -> rusqlite::Result<Outcome> {
+pub(super) fn upsert_delegation(db: &impl Db, d: &DelegationRecord) -> Result<Outcome, DbError> {
     static SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
             "INSERT INTO agent_delegations ({DELEGATION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, \
@@ -316,18 +318,21 @@ pub(super) fn upsert_delegation(
              finished_at = excluded.finished_at"
         )
     });
-    conn.prepare_cached(&SQL)?.execute(params![
-        d.run_id,
-        d.step_path,
-        d.key,
-        d.agent,
-        d.question,
-        d.status.as_str(),
-        d.output_json,
-        d.journal_path,
-        d.started_at,
-        d.finished_at,
-    ])?;
+    db.exec(
+        &SQL,
+        &[
+            &d.run_id,
+            &d.step_path,
+            &d.key,
+            &d.agent,
+            &d.question,
+            &d.status.as_str(),
+            &d.output_json,
+            &d.journal_path,
+            &d.started_at,
+            &d.finished_at,
+        ],
+    )?;
     Ok(Outcome::Done)
 }
 
@@ -355,7 +360,7 @@ impl Store {
                     "SELECT {TURN_COLUMNS} FROM agent_turns WHERE {STEP_RANGE} \
                      ORDER BY step_path, iteration, turn"
                 ),
-                params![run_id, step_path, below, end],
+                &[&run_id, &step_path, &below, &end],
                 TurnRecord::decode,
             )?;
             let calls = query_all(
@@ -365,7 +370,7 @@ impl Store {
                     "SELECT {CALL_COLUMNS} FROM tool_calls WHERE {STEP_RANGE} \
                      ORDER BY step_path, iteration, turn, call_index"
                 ),
-                params![run_id, step_path, below, end],
+                &[&run_id, &step_path, &below, &end],
                 ToolCallRecord::decode,
             )?;
             let delegations = query_all(
@@ -375,7 +380,7 @@ impl Store {
                     "SELECT {DELEGATION_COLUMNS} FROM agent_delegations WHERE {STEP_RANGE} \
                      ORDER BY step_path, key"
                 ),
-                params![run_id, step_path, below, end],
+                &[&run_id, &step_path, &below, &end],
                 DelegationRecord::decode,
             )?;
             Ok(StepJournal {
@@ -400,7 +405,7 @@ impl Store {
                     "SELECT {TURN_COLUMNS} FROM agent_turns WHERE run_id = ?1 \
                      ORDER BY step_path, iteration, turn"
                 ),
-                [run_id],
+                &[&run_id],
                 TurnRecord::decode,
             )?;
             let calls = query_all(
@@ -410,7 +415,7 @@ impl Store {
                     "SELECT {CALL_COLUMNS} FROM tool_calls WHERE run_id = ?1 \
                      ORDER BY step_path, iteration, turn, call_index"
                 ),
-                [run_id],
+                &[&run_id],
                 ToolCallRecord::decode,
             )?;
             let delegations = query_all(
@@ -420,7 +425,7 @@ impl Store {
                     "SELECT {DELEGATION_COLUMNS} FROM agent_delegations WHERE run_id = ?1 \
                      ORDER BY step_path, key"
                 ),
-                [run_id],
+                &[&run_id],
                 DelegationRecord::decode,
             )?;
             Ok((turns, calls, delegations))

@@ -1,17 +1,16 @@
 //! `kv`: small pieces of service state that must survive restarts, such as the
 //! Telegram update offset and the last fire time of each schedule.
 
-use rusqlite::{params, Connection};
-
 use super::connection::query_opt;
+use super::sql::{Db, DbError};
 use super::{Error, Outcome, Store};
 
-pub(super) fn set(conn: &Connection, key: &str, value: &str) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(
+pub(super) fn set(db: &impl Db, key: &str, value: &str) -> Result<Outcome, DbError> {
+    db.exec(
         "INSERT INTO kv (key, value) VALUES (?1, ?2) \
          ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-    )?
-    .execute(params![key, value])?;
+        &[&key, &value],
+    )?;
     Ok(Outcome::Done)
 }
 
@@ -22,7 +21,7 @@ impl Store {
                 conn,
                 "kv",
                 "SELECT value FROM kv WHERE key = ?1",
-                [key],
+                &[&key],
                 |c| c.get("value"),
             )
         })

@@ -4,10 +4,11 @@
 //! reorder an entry that has shipped: databases in the field have recorded it as
 //! applied and will not run it again. Add a new entry instead.
 
-use rusqlite::{params, Connection, TransactionBehavior};
+use rusqlite::{Connection, TransactionBehavior};
 use tracing::info;
 
 use super::connection::now_ms;
+use super::sql::lite;
 use super::Error;
 
 /// Ordered `(name, sql)` pairs.
@@ -270,7 +271,7 @@ pub(super) fn apply_list(
         })?;
         tx.execute(
             "INSERT INTO schema_migrations (version, applied_at) VALUES (?1, ?2)",
-            params![version, now_ms()],
+            lite(&[&version, &now_ms()]),
         )?;
         tx.commit()?;
         info!(version, name = *name, "Store migration applied.");

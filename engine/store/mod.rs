@@ -76,6 +76,7 @@ mod migrations;
 mod notifications;
 pub mod postgres;
 mod runs;
+mod sql;
 mod steps;
 mod writer;
 
@@ -96,6 +97,7 @@ pub use journal::{
 };
 pub use notifications::NotificationRecord;
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
+pub use sql::DbError;
 pub use steps::StepRecord;
 pub use writer::{Outcome, Rejected, StoreStats, Write};
 

@@ -4,9 +4,8 @@
 //! change that causes it, sends it, then marks it `sent` or `failed`. After a crash the
 //! `pending` rows are exactly the notifications still owed.
 
-use rusqlite::{params, Connection};
-
 use super::connection::{query_all, Cols};
+use super::sql::{Db, DbError};
 use super::{Error, Outcome, Store};
 use crate::domain::{NotificationStatus, RunId, UnixMillis};
 
@@ -48,37 +47,39 @@ impl NotificationRecord {
 
 /// OR IGNORE only swallows the primary-key conflict that signals "already recorded";
 /// the row that is kept is the first one, including its status.
-pub(super) fn insert(conn: &Connection, n: &NotificationRecord) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(&format!(
-        "INSERT OR IGNORE INTO notifications ({COLUMNS}) \
+pub(super) fn insert(db: &impl Db, n: &NotificationRecord) -> Result<Outcome, DbError> {
+    db.exec(
+        &format!(
+            "INSERT OR IGNORE INTO notifications ({COLUMNS}) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-    ))?
-    .execute(params![
-        n.id,
-        n.run_id,
-        n.action,
-        n.channel,
-        n.message,
-        n.status.as_str(),
-        n.created_at,
-        n.sent_at,
-        n.error,
-    ])?;
+        ),
+        &[
+            &n.id,
+            &n.run_id,
+            &n.action,
+            &n.channel,
+            &n.message,
+            &n.status.as_str(),
+            &n.created_at,
+            &n.sent_at,
+            &n.error,
+        ],
+    )?;
     Ok(Outcome::Done)
 }
 
 /// `at` becomes `sent_at`: the time of the last delivery attempt, successful or not.
 pub(super) fn mark(
-    conn: &Connection,
+    db: &impl Db,
     id: &str,
     status: NotificationStatus,
     at: i64,
     error: Option<&str>,
-) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(
+) -> Result<Outcome, DbError> {
+    db.exec(
         "UPDATE notifications SET status = ?2, sent_at = ?3, error = ?4 WHERE id = ?1",
-    )?
-    .execute(params![id, status.as_str(), at, error])?;
+        &[&id, &status.as_str(), &at, &error],
+    )?;
     Ok(Outcome::Done)
 }
 
@@ -89,7 +90,7 @@ impl Store {
             let sql = format!(
                 "SELECT {COLUMNS} FROM notifications WHERE run_id = ?1 ORDER BY created_at, id"
             );
-            query_all(conn, TABLE, &sql, [run_id], NotificationRecord::decode)
+            query_all(conn, TABLE, &sql, &[&run_id], NotificationRecord::decode)
         })
     }
 
@@ -100,7 +101,7 @@ impl Store {
                 "SELECT {COLUMNS} FROM notifications WHERE status = 'pending' \
                  ORDER BY created_at, id"
             );
-            query_all(conn, TABLE, &sql, [], NotificationRecord::decode)
+            query_all(conn, TABLE, &sql, &[], NotificationRecord::decode)
         })
     }
 }

@@ -1,8 +1,7 @@
 //! `pipeline_runs`: one row per run; the resume sweep starts from its `running` rows.
 
-use rusqlite::{params, Connection, OptionalExtension};
-
-use super::connection::{query_all, query_opt, word_at, Cols};
+use super::connection::{query_all, query_opt, Cols};
+use super::sql::{Db, DbError};
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, RunStatus, UnixMillis};
 
@@ -88,25 +87,23 @@ impl RunRecord {
 /// roll back, while a duplicate is an expected answer, not an error. The writer is the
 /// only writer and holds an IMMEDIATE transaction, so nothing can slip in between.
 pub(super) fn insert_dedup(
-    conn: &Connection,
+    db: &impl Db,
     run: &RunRecord,
     window_start: i64,
-) -> rusqlite::Result<Outcome> {
-    if let Some(outcome) = running_duplicate(conn, run)? {
+) -> Result<Outcome, DbError> {
+    if let Some(outcome) = running_duplicate(db, run)? {
         return Ok(outcome);
     }
     if let Some(fingerprint) = &run.dedup_fingerprint {
         // Newest first straight off `ix_pipeline_runs_dedup`: no sort, no temp table.
-        let recent: Option<(String, RunStatus)> = conn
-            .prepare_cached(
-                "SELECT id, status FROM pipeline_runs WHERE pipeline_name = ?1 \
-                 AND dedup_fingerprint = ?2 AND triggered_at >= ?3 \
-                 ORDER BY triggered_at DESC LIMIT 1",
-            )?
-            .query_row(params![run.pipeline_name, fingerprint, window_start], |r| {
-                Ok((r.get(0)?, word_at(r, 1)?))
-            })
-            .optional()?;
+        let recent: Option<(String, RunStatus)> = db.first(
+            TABLE,
+            "SELECT id, status FROM pipeline_runs WHERE pipeline_name = ?1 \
+             AND dedup_fingerprint = ?2 AND triggered_at >= ?3 \
+             ORDER BY triggered_at DESC LIMIT 1",
+            &[&run.pipeline_name, &fingerprint, &window_start],
+            |c| Ok((c.get("id")?, c.word("status")?)),
+        )?;
         if let Some((existing_run_id, status)) = recent {
             return Ok(Outcome::DuplicateRecent {
                 existing_run_id,
@@ -114,84 +111,86 @@ pub(super) fn insert_dedup(
             });
         }
     }
-    insert_row(conn, run)
+    insert_row(db, run)
 }
 
-pub(super) fn insert(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Outcome> {
-    if let Some(outcome) = running_duplicate(conn, run)? {
+pub(super) fn insert(db: &impl Db, run: &RunRecord) -> Result<Outcome, DbError> {
+    if let Some(outcome) = running_duplicate(db, run)? {
         return Ok(outcome);
     }
-    insert_row(conn, run)
+    insert_row(db, run)
 }
 
 /// A running run of the same pipeline and dedup fingerprint always suppresses a new
 /// running one (the partial unique index would refuse it anyway).
-fn running_duplicate(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Option<Outcome>> {
+fn running_duplicate(db: &impl Db, run: &RunRecord) -> Result<Option<Outcome>, DbError> {
     let (true, Some(fingerprint)) = (run.status == RunStatus::Running, &run.dedup_fingerprint)
     else {
         return Ok(None);
     };
-    let existing: Option<String> = conn
-        .prepare_cached(
-            "SELECT id FROM pipeline_runs WHERE pipeline_name = ?1 \
-             AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
-        )?
-        .query_row(params![run.pipeline_name, fingerprint], |r| r.get(0))
-        .optional()?;
+    let existing: Option<String> = db.first(
+        TABLE,
+        "SELECT id FROM pipeline_runs WHERE pipeline_name = ?1 \
+         AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
+        &[&run.pipeline_name, &fingerprint],
+        |c| c.get("id"),
+    )?;
     Ok(existing.map(|existing_run_id| Outcome::DuplicateRunning { existing_run_id }))
 }
 
-fn insert_row(conn: &Connection, run: &RunRecord) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(INSERT)?.execute(params![
-        run.id,
-        run.pipeline_name,
-        run.status.as_str(),
-        run.source,
-        run.team,
-        run.stage,
-        run.triggered_at,
-        run.completed_at,
-        run.resumed_at,
-        run.resume_count,
-        run.config_fingerprint,
-        run.parent_run_id,
-        run.parent_step_path,
-        run.dedup_fingerprint,
-        run.context_json,
-        run.payload_json,
-        run.tokens_used,
-        run.cost_usd,
-        run.terminal_step,
-        run.reason,
-        run.final_output_json,
-    ])?;
+fn insert_row(db: &impl Db, run: &RunRecord) -> Result<Outcome, DbError> {
+    db.exec(
+        INSERT,
+        &[
+            &run.id,
+            &run.pipeline_name,
+            &run.status.as_str(),
+            &run.source,
+            &run.team,
+            &run.stage,
+            &run.triggered_at,
+            &run.completed_at,
+            &run.resumed_at,
+            &run.resume_count,
+            &run.config_fingerprint,
+            &run.parent_run_id,
+            &run.parent_step_path,
+            &run.dedup_fingerprint,
+            &run.context_json,
+            &run.payload_json,
+            &run.tokens_used,
+            &run.cost_usd,
+            &run.terminal_step,
+            &run.reason,
+            &run.final_output_json,
+        ],
+    )?;
     Ok(Outcome::RunInserted)
 }
 
 /// Only a running run can finish, so a late finisher (say, a step completing after the
 /// run was cancelled) cannot overwrite the terminal status that was recorded first.
 pub(super) fn finish(
-    conn: &Connection,
+    db: &impl Db,
     run_id: &str,
     status: RunStatus,
     completed_at: i64,
     terminal_step: Option<&str>,
     reason: Option<&str>,
     final_output_json: Option<&str>,
-) -> rusqlite::Result<Outcome> {
-    let changed = conn
-        .prepare_cached(
-            "UPDATE pipeline_runs SET status = ?2, completed_at = ?3, terminal_step = ?4, \
+) -> Result<Outcome, DbError> {
+    let changed = db.exec(
+        "UPDATE pipeline_runs SET status = ?2, completed_at = ?3, terminal_step = ?4, \
              reason = ?5, final_output_json = ?6 WHERE id = ?1 AND status = 'running'",
-        )?
-        .execute(params![
-            run_id,
-            status.as_str(),
-            completed_at,
-            terminal_step,
-            reason,
-            final_output_json
-        ])?;
+        &[
+            &run_id,
+            &status.as_str(),
+            &completed_at,
+            &terminal_step,
+            &reason,
+            &final_output_json,
+        ],
+    )?;
     Ok(if changed == 0 {
         Outcome::NotRunning
     } else {
@@ -200,34 +199,38 @@ pub(super) fn finish(
 }
 
 pub(super) fn set_usage(
-    conn: &Connection,
+    db: &impl Db,
     run_id: &str,
     tokens_used: u64,
     cost_usd: f64,
-) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached("UPDATE pipeline_runs SET tokens_used = ?2, cost_usd = ?3 WHERE id = ?1")?
-        .execute(params![run_id, tokens_used, cost_usd])?;
+) -> Result<Outcome, DbError> {
+    db.exec(
+        "UPDATE pipeline_runs SET tokens_used = ?2, cost_usd = ?3 WHERE id = ?1",
+        &[&run_id, &tokens_used, &cost_usd],
+    )?;
     Ok(Outcome::Done)
 }
 
 /// `resumed_at` keeps the first resume (SPEC 6.5); the count grows on every resume.
-pub(super) fn mark_resumed(conn: &Connection, run_id: &str, at: i64) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached(
+pub(super) fn mark_resumed(db: &impl Db, run_id: &str, at: i64) -> Result<Outcome, DbError> {
+    db.exec(
         "UPDATE pipeline_runs SET resumed_at = COALESCE(resumed_at, ?2), \
          resume_count = resume_count + 1 WHERE id = ?1",
-    )?
-    .execute(params![run_id, at])?;
+        &[&run_id, &at],
+    )?;
     Ok(Outcome::Done)
 }
 
 /// Sets or clears the owning process of a run (see `Write::SetRunOwner`).
 pub(super) fn set_owner(
-    conn: &Connection,
+    db: &impl Db,
     run_id: &str,
     owner: Option<&str>,
-) -> rusqlite::Result<Outcome> {
-    conn.prepare_cached("UPDATE pipeline_runs SET owner = ?2 WHERE id = ?1")?
-        .execute(params![run_id, owner])?;
+) -> Result<Outcome, DbError> {
+    db.exec(
+        "UPDATE pipeline_runs SET owner = ?2 WHERE id = ?1",
+        &[&run_id, &owner],
+    )?;
     Ok(Outcome::Done)
 }
 
@@ -254,15 +257,13 @@ impl Store {
         window_start: Option<i64>,
     ) -> Result<Option<DuplicateOf>, Error> {
         self.read(|conn| {
-            let running: Option<String> = conn
-                .prepare_cached(
-                    "SELECT id FROM pipeline_runs WHERE pipeline_name = ?1 \
-                     AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
-                )
-                .and_then(|mut st| {
-                    st.query_row(params![pipeline, fingerprint], |r| r.get(0))
-                        .optional()
-                })?;
+            let running: Option<String> = conn.first(
+                TABLE,
+                "SELECT id FROM pipeline_runs WHERE pipeline_name = ?1 \
+                 AND dedup_fingerprint = ?2 AND status = 'running' LIMIT 1",
+                &[&pipeline, &fingerprint],
+                |c| c.get("id"),
+            )?;
             if let Some(run_id) = running {
                 return Ok(Some(DuplicateOf {
                     run_id,
@@ -273,22 +274,20 @@ impl Store {
             let Some(window_start) = window_start else {
                 return Ok(None);
             };
-            conn.prepare_cached(
+            Ok(conn.first(
+                TABLE,
                 "SELECT id, status FROM pipeline_runs WHERE pipeline_name = ?1 \
                  AND dedup_fingerprint = ?2 AND triggered_at >= ?3 \
                  ORDER BY triggered_at DESC LIMIT 1",
-            )
-            .and_then(|mut st| {
-                st.query_row(params![pipeline, fingerprint, window_start], |r| {
+                &[&pipeline, &fingerprint, &window_start],
+                |c| {
                     Ok(DuplicateOf {
-                        run_id: r.get(0)?,
-                        status: word_at(r, 1)?,
+                        run_id: c.get("id")?,
+                        status: c.word("status")?,
                         running: false,
                     })
-                })
-                .optional()
-            })
-            .map_err(Error::from)
+                },
+            )?)
         })
     }
 
@@ -301,7 +300,7 @@ impl Store {
                 TABLE,
                 "SELECT id, owner FROM pipeline_runs WHERE owner IS NOT NULL \
                  AND status = 'running' ORDER BY triggered_at, id",
-                [],
+                &[],
                 |c| Ok((c.get("id")?, c.get("owner")?)),
             )
         })
@@ -315,7 +314,7 @@ impl Store {
                 "SELECT {COLUMNS}, owner FROM pipeline_runs WHERE status = 'running' \
                  ORDER BY triggered_at, id"
             );
-            query_all(conn, TABLE, &sql, [], |c| {
+            query_all(conn, TABLE, &sql, &[], |c| {
                 Ok((RunRecord::decode(c)?, c.get("owner")?))
             })
         })
@@ -328,7 +327,7 @@ impl Store {
                 conn,
                 TABLE,
                 "SELECT owner FROM pipeline_runs WHERE id = ?1",
-                [run_id],
+                &[&run_id],
                 |c| c.get("owner"),
             )
         })
@@ -338,7 +337,7 @@ impl Store {
     pub fn run(&self, id: &str) -> Result<Option<RunRecord>, Error> {
         self.read(|conn| {
             let sql = format!("SELECT {COLUMNS} FROM pipeline_runs WHERE id = ?1");
-            query_opt(conn, TABLE, &sql, [id], RunRecord::decode)
+            query_opt(conn, TABLE, &sql, &[&id], RunRecord::decode)
         })
     }
 
@@ -373,7 +372,7 @@ impl Store {
                 conn,
                 TABLE,
                 &sql,
-                params![filter.status, filter.pipeline, limit, filter.offset],
+                &[&filter.status, &filter.pipeline, &limit, &filter.offset],
                 RunRecord::decode,
             )
         })
@@ -385,7 +384,7 @@ impl Store {
             let sql = format!(
                 "SELECT {COLUMNS} FROM pipeline_runs WHERE status = ?1 ORDER BY triggered_at, id"
             );
-            query_all(conn, TABLE, &sql, [status.as_str()], RunRecord::decode)
+            query_all(conn, TABLE, &sql, &[&status.as_str()], RunRecord::decode)
         })
     }
 
@@ -405,7 +404,7 @@ impl Store {
                 conn,
                 TABLE,
                 &sql,
-                [parent_run_id, parent_step_path],
+                &[&parent_run_id, &parent_step_path],
                 RunRecord::decode,
             )
         })
@@ -425,7 +424,7 @@ impl Store {
     }
 }
 
-pub(super) fn prune(conn: &Connection, cutoff: i64) -> rusqlite::Result<Outcome> {
+pub(super) fn prune(db: &impl Db, cutoff: i64) -> Result<Outcome, DbError> {
     let old = "SELECT id FROM pipeline_runs WHERE status != 'running' AND completed_at IS NOT NULL AND completed_at < ?1";
     let owned = [
         "pipeline_steps",
@@ -434,11 +433,11 @@ pub(super) fn prune(conn: &Connection, cutoff: i64) -> rusqlite::Result<Outcome>
         "notifications",
     ];
     for table in owned.into_iter().chain(super::journal::TABLES) {
-        conn.prepare_cached(&format!("DELETE FROM {table} WHERE run_id IN ({old})"))?
-            .execute(params![cutoff])?;
+        db.exec(
+            &format!("DELETE FROM {table} WHERE run_id IN ({old})"),
+            &[&cutoff],
+        )?;
     }
-    let runs = conn
-        .prepare_cached("DELETE FROM pipeline_runs WHERE status != 'running' AND completed_at IS NOT NULL AND completed_at < ?1")?
-        .execute(params![cutoff])?;
+    let runs = db.exec("DELETE FROM pipeline_runs WHERE status != 'running' AND completed_at IS NOT NULL AND completed_at < ?1", &[&cutoff])?;
     Ok(Outcome::Pruned { runs: runs as u64 })
 }

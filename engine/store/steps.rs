@@ -1,9 +1,8 @@
 //! `pipeline_steps`: one row per step, branch, parallel group and fan-out of a run,
 //! keyed by step path; resume rebuilds a run's state from these rows alone.
 
-use rusqlite::{params, Connection};
-
 use super::connection::{query_all, Cols};
+use super::sql::{Db, DbError};
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, StepKind, StepStatus, UnixMillis};
 
@@ -71,7 +70,7 @@ impl StepRecord {
 
 /// The whole record replaces the stored one: the run driver always writes the step's
 /// complete current state, so a partial update could only lose information.
-pub(super) fn upsert(conn: &Connection, step: &StepRecord) -> rusqlite::Result<Outcome> {
+pub(super) fn upsert(db: &impl Db, step: &StepRecord) -> Result<Outcome, DbError> {
     // Built once: this runs for every step record, thousands of times a second.
     static UPSERT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         format!(
@@ -90,29 +89,32 @@ pub(super) fn upsert(conn: &Connection, step: &StepRecord) -> rusqlite::Result<O
              cost_usd = excluded.cost_usd, items_json = excluded.items_json"
         )
     });
-    conn.prepare_cached(&UPSERT)?.execute(params![
-        step.run_id,
-        step.step_path,
-        step.step_index,
-        step.kind.as_str(),
-        step.executor,
-        step.agent,
-        step.status.as_str(),
-        step.attempts,
-        step.iteration,
-        step.idempotency_key,
-        step.started_at,
-        step.finished_at,
-        step.duration_ms,
-        step.primary_confidence,
-        step.effective_confidence,
-        step.output_json,
-        step.error,
-        step.input_tokens,
-        step.output_tokens,
-        step.cost_usd,
-        step.items_json,
-    ])?;
+    db.exec(
+        &UPSERT,
+        &[
+            &step.run_id,
+            &step.step_path,
+            &step.step_index,
+            &step.kind.as_str(),
+            &step.executor,
+            &step.agent,
+            &step.status.as_str(),
+            &step.attempts,
+            &step.iteration,
+            &step.idempotency_key,
+            &step.started_at,
+            &step.finished_at,
+            &step.duration_ms,
+            &step.primary_confidence,
+            &step.effective_confidence,
+            &step.output_json,
+            &step.error,
+            &step.input_tokens,
+            &step.output_tokens,
+            &step.cost_usd,
+            &step.items_json,
+        ],
+    )?;
     Ok(Outcome::Done)
 }
 
@@ -125,7 +127,7 @@ impl Store {
                 "SELECT {COLUMNS} FROM pipeline_steps WHERE run_id = ?1 \
                  ORDER BY step_index, step_path"
             );
-            query_all(conn, TABLE, &sql, [run_id], StepRecord::decode)
+            query_all(conn, TABLE, &sql, &[&run_id], StepRecord::decode)
         })
     }
 }

@@ -27,6 +27,7 @@ use tracing::{debug, error, warn};
 use super::connection::{now_ms, WAL_FORCE_CHECKPOINT_BYTES};
 use super::error::is_transient;
 use super::health::Health;
+use super::sql::{Db, DbError};
 use super::{approvals, events, journal, kv, notifications, runs, steps};
 use super::{
     ApprovalRecord, DelegationRecord, Error, EventRecord, NotificationRecord, RunRecord,
@@ -199,17 +200,16 @@ impl Write {
         }
     }
 
-    fn apply(&self, conn: &Connection) -> rusqlite::Result<Outcome> {
+    /// Applies the write on `db`, inside the writer's transaction (either backend).
+    fn apply(&self, db: &impl Db) -> Result<Outcome, DbError> {
         match self {
-            Write::InsertRun(run) => runs::insert(conn, run),
+            Write::InsertRun(run) => runs::insert(db, run),
             Write::InsertRunDedup { run, window_start } => {
-                runs::insert_dedup(conn, run, *window_start)
+                runs::insert_dedup(db, run, *window_start)
             }
-            Write::UpsertStep(step) | Write::UpsertStepIfInserted(step) => {
-                steps::upsert(conn, step)
-            }
+            Write::UpsertStep(step) | Write::UpsertStepIfInserted(step) => steps::upsert(db, step),
             Write::AppendEvent(event) | Write::AppendEventIfInserted(event) => {
-                events::append(conn, event)
+                events::append(db, event)
             }
             Write::FinishRun {
                 run_id,
@@ -219,7 +219,7 @@ impl Write {
                 reason,
                 final_output_json,
             } => runs::finish(
-                conn,
+                db,
                 run_id,
                 *status,
                 *completed_at,
@@ -231,33 +231,33 @@ impl Write {
                 run_id,
                 tokens_used,
                 cost_usd,
-            } => runs::set_usage(conn, run_id, *tokens_used, *cost_usd),
-            Write::MarkResumed { run_id, at } => runs::mark_resumed(conn, run_id, *at),
-            Write::InsertApproval(approval) => approvals::insert(conn, approval),
+            } => runs::set_usage(db, run_id, *tokens_used, *cost_usd),
+            Write::MarkResumed { run_id, at } => runs::mark_resumed(db, run_id, *at),
+            Write::InsertApproval(approval) => approvals::insert(db, approval),
             Write::SetApprovalDelivery {
                 token,
                 delivery_json,
-            } => approvals::set_delivery(conn, token, delivery_json),
+            } => approvals::set_delivery(db, token, delivery_json),
             Write::DecideApproval {
                 token,
                 status,
                 by,
                 at,
-            } => approvals::decide(conn, token, *status, by.as_deref(), *at),
-            Write::CloseApprovalsOfRun { run_id, at } => approvals::close_of_run(conn, run_id, *at),
-            Write::InsertNotification(n) => notifications::insert(conn, n),
+            } => approvals::decide(db, token, *status, by.as_deref(), *at),
+            Write::CloseApprovalsOfRun { run_id, at } => approvals::close_of_run(db, run_id, *at),
+            Write::InsertNotification(n) => notifications::insert(db, n),
             Write::MarkNotification {
                 id,
                 status,
                 at,
                 error,
-            } => notifications::mark(conn, id, *status, *at, error.as_deref()),
-            Write::SetKv { key, value } => kv::set(conn, key, value),
-            Write::PruneFinishedBefore { cutoff } => runs::prune(conn, *cutoff),
-            Write::SetRunOwner { run_id, owner } => runs::set_owner(conn, run_id, owner.as_deref()),
-            Write::UpsertTurn(turn) => journal::upsert_turn(conn, turn),
-            Write::UpsertToolCall(call) => journal::upsert_call(conn, call),
-            Write::UpsertDelegation(d) => journal::upsert_delegation(conn, d),
+            } => notifications::mark(db, id, *status, *at, error.as_deref()),
+            Write::SetKv { key, value } => kv::set(db, key, value),
+            Write::PruneFinishedBefore { cutoff } => runs::prune(db, *cutoff),
+            Write::SetRunOwner { run_id, owner } => runs::set_owner(db, run_id, owner.as_deref()),
+            Write::UpsertTurn(turn) => journal::upsert_turn(db, turn),
+            Write::UpsertToolCall(call) => journal::upsert_call(db, call),
+            Write::UpsertDelegation(d) => journal::upsert_delegation(db, d),
         }
     }
 }

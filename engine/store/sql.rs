@@ -1,0 +1,384 @@
+//! What the table files bind and read, in the driver's stead: values bound to a
+//! statement ([`Bind`]) and columns read back from a row ([`Cols`], [`Column`]).
+//! The table files write each statement once, with SQLite's numbered placeholders
+//! (`?1`, `?2`, ...) and only SQL PostgreSQL speaks too, so that the PostgreSQL
+//! store (being built, see `postgres`) runs the same statements with its own
+//! driver underneath.
+//!
+//! Bound text is borrowed, never copied: a step record's output JSON goes from the
+//! record to the driver as it is.
+
+use super::Error;
+
+/// A value bound to a statement, in the four kinds the schema uses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Value<'a> {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(&'a str),
+    /// An unsigned count past `i64::MAX`: the statement fails with it, so no
+    /// impossible total is ever stored (wrapped or clamped).
+    TooLarge(u64),
+}
+
+/// Anything a table file binds.
+pub(super) trait Bind {
+    fn value(&self) -> Value<'_>;
+}
+
+/// The arguments of one statement.
+pub(super) type Args<'a> = &'a [&'a dyn Bind];
+
+impl Bind for i64 {
+    fn value(&self) -> Value<'_> {
+        Value::Int(*self)
+    }
+}
+
+impl Bind for u32 {
+    fn value(&self) -> Value<'_> {
+        Value::Int(i64::from(*self))
+    }
+}
+
+impl Bind for u64 {
+    fn value(&self) -> Value<'_> {
+        i64::try_from(*self).map_or(Value::TooLarge(*self), Value::Int)
+    }
+}
+
+impl Bind for f64 {
+    fn value(&self) -> Value<'_> {
+        Value::Real(*self)
+    }
+}
+
+impl Bind for bool {
+    fn value(&self) -> Value<'_> {
+        Value::Int(i64::from(*self))
+    }
+}
+
+impl Bind for str {
+    fn value(&self) -> Value<'_> {
+        Value::Text(self)
+    }
+}
+
+impl Bind for String {
+    fn value(&self) -> Value<'_> {
+        Value::Text(self)
+    }
+}
+
+impl<T: Bind + ?Sized> Bind for &T {
+    fn value(&self) -> Value<'_> {
+        (**self).value()
+    }
+}
+
+impl<T: Bind> Bind for Option<T> {
+    fn value(&self) -> Value<'_> {
+        match self {
+            Some(v) => v.value(),
+            None => Value::Null,
+        }
+    }
+}
+
+/// `args` for rusqlite, borrowed.
+pub(super) fn lite(args: Args<'_>) -> impl rusqlite::Params + '_ {
+    rusqlite::params_from_iter(args.iter().map(|a| Lite(a.value())))
+}
+
+struct Lite<'a>(Value<'a>);
+
+impl rusqlite::ToSql for Lite<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        use rusqlite::types::{ToSqlOutput, ValueRef};
+        if let Value::TooLarge(n) = self.0 {
+            return Err(rusqlite::Error::ToSqlConversionFailure(
+                format!("{n} does not fit a signed 64-bit column").into(),
+            ));
+        }
+        Ok(ToSqlOutput::Borrowed(match self.0 {
+            Value::Null => ValueRef::Null,
+            Value::Int(i) => ValueRef::Integer(i),
+            Value::Real(r) => ValueRef::Real(r),
+            Value::Text(t) => ValueRef::Text(t.as_bytes()),
+            Value::TooLarge(_) => ValueRef::Null,
+        }))
+    }
+}
+
+/// A column's value as read from a row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Cell<'a> {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(&'a str),
+}
+
+/// A type a column decodes into; the error says what the cell held instead.
+pub(super) trait Column: Sized {
+    fn from_cell(cell: Cell<'_>) -> Result<Self, String>;
+}
+
+fn unexpected(want: &str, cell: Cell<'_>) -> String {
+    format!("expected {want}, found {cell:?}")
+}
+
+impl Column for i64 {
+    fn from_cell(cell: Cell<'_>) -> Result<Self, String> {
+        match cell {
+            Cell::Int(i) => Ok(i),
+            c => Err(unexpected("an integer", c)),
+        }
+    }
+}
+
+impl Column for u32 {
+    fn from_cell(cell: Cell<'_>) -> Result<Self, String> {
+        let i = i64::from_cell(cell)?;
+        u32::try_from(i).map_err(|_| format!("{i} is out of range for u32"))
+    }
+}
+
+impl Column for u64 {
+    fn from_cell(cell: Cell<'_>) -> Result<Self, String> {
+        let i = i64::from_cell(cell)?;
+        u64::try_from(i).map_err(|_| format!("{i} is out of range for u64"))
+    }
+}
+
+impl Column for f64 {
+    fn from_cell(cell: Cell<'_>) -> Result<Self, String> {
+        match cell {
+            Cell::Real(r) => Ok(r),
+            // SQLite stores a whole REAL as an integer when it can.
+            Cell::Int(i) => Ok(i as f64),
+            c => Err(unexpected("a number", c)),
+        }
+    }
+}
+
+impl Column for bool {
+    fn from_cell(cell: Cell<'_>) -> Result<Self, String> {
+        match cell {
+            Cell::Int(0) => Ok(false),
+            Cell::Int(1) => Ok(true),
+            c => Err(unexpected("0 or 1", c)),
+        }
+    }
+}
+
+impl Column for String {
+    fn from_cell(cell: Cell<'_>) -> Result<Self, String> {
+        match cell {
+            Cell::Text(t) => Ok(t.to_string()),
+            c => Err(unexpected("text", c)),
+        }
+    }
+}
+
+impl<T: Column> Column for Option<T> {
+    fn from_cell(cell: Cell<'_>) -> Result<Self, String> {
+        match cell {
+            Cell::Null => Ok(None),
+            c => T::from_cell(c).map(Some),
+        }
+    }
+}
+
+/// One row being decoded, with the table it came from for error messages.
+pub(super) struct Cols<'a> {
+    row: Row<'a>,
+    table: &'static str,
+}
+
+/// The driver's row (PostgreSQL's joins it with the PostgreSQL store's reads).
+enum Row<'a> {
+    Lite(&'a rusqlite::Row<'a>),
+}
+
+impl<'a> Cols<'a> {
+    pub(super) fn lite(row: &'a rusqlite::Row<'a>, table: &'static str) -> Cols<'a> {
+        Cols {
+            row: Row::Lite(row),
+            table,
+        }
+    }
+
+    /// Column `column` of the row; a missing column or a value of the wrong kind is
+    /// [`Error::Corrupt`], never a panic.
+    pub(super) fn get<T: Column>(&self, column: &'static str) -> Result<T, Error> {
+        let corrupt = |detail: String| Error::Corrupt {
+            table: self.table,
+            column,
+            detail,
+        };
+        match self.row {
+            Row::Lite(r) => {
+                use rusqlite::types::ValueRef;
+                let v = r.get_ref(column).map_err(|e| corrupt(e.to_string()))?;
+                let cell = match v {
+                    ValueRef::Null => Cell::Null,
+                    ValueRef::Integer(i) => Cell::Int(i),
+                    ValueRef::Real(f) => Cell::Real(f),
+                    ValueRef::Text(t) => {
+                        Cell::Text(std::str::from_utf8(t).map_err(|e| corrupt(e.to_string()))?)
+                    }
+                    ValueRef::Blob(_) => return Err(corrupt("a blob".into())),
+                };
+                T::from_cell(cell).map_err(corrupt)
+            }
+        }
+    }
+
+    /// A column holding one of the words of `T` (a status, a kind).
+    pub(super) fn word<T: crate::domain::Word>(&self, column: &'static str) -> Result<T, Error> {
+        let text: String = self.get(column)?;
+        crate::domain::parse_word(&text).map_err(|e| Error::Corrupt {
+            table: self.table,
+            column,
+            detail: e.to_string(),
+        })
+    }
+}
+
+/// A failed statement of a write, whichever driver ran it.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A row the write read back could not be decoded.
+    #[error("{0}")]
+    Row(Box<Error>),
+}
+
+impl From<DbError> for Error {
+    fn from(e: DbError) -> Error {
+        match e {
+            DbError::Sqlite(e) => Error::Sqlite(e),
+            DbError::Row(e) => *e,
+        }
+    }
+}
+
+/// What a write needs of a connection inside the writer's transaction: run one
+/// statement, or read the first row of a query. Both backends' writers implement it,
+/// so each write is written once (see the table files).
+pub(super) trait Db {
+    /// Runs `sql`; how many rows it changed.
+    fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError>;
+
+    /// The first row of `sql` decoded by `decode`, or `None` when there is none.
+    fn first<T>(
+        &self,
+        table: &'static str,
+        sql: &str,
+        args: Args<'_>,
+        decode: impl FnOnce(&Cols) -> Result<T, Error>,
+    ) -> Result<Option<T>, DbError>;
+}
+
+impl Db for rusqlite::Connection {
+    fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {
+        // Cached: most statements run for every step record, thousands a second.
+        Ok(self.prepare_cached(sql)?.execute(lite(args))?)
+    }
+
+    fn first<T>(
+        &self,
+        table: &'static str,
+        sql: &str,
+        args: Args<'_>,
+        decode: impl FnOnce(&Cols) -> Result<T, Error>,
+    ) -> Result<Option<T>, DbError> {
+        let mut stmt = self.prepare_cached(sql)?;
+        let mut rows = stmt.query(lite(args))?;
+        match rows.next()? {
+            Some(row) => decode(&Cols::lite(row, table))
+                .map(Some)
+                .map_err(|e| DbError::Row(Box::new(e))),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_bind_as_their_kind_and_none_as_null() {
+        let args: [&dyn Bind; 7] = [
+            &7_i64,
+            &7_u32,
+            &u64::MAX,
+            &0.5_f64,
+            &true,
+            &"t",
+            &None::<String>,
+        ];
+        let got: Vec<Value> = args.iter().map(|a| a.value()).collect();
+        assert_eq!(
+            got,
+            [
+                Value::Int(7),
+                Value::Int(7),
+                Value::TooLarge(u64::MAX),
+                Value::Real(0.5),
+                Value::Int(1),
+                Value::Text("t"),
+                Value::Null
+            ]
+        );
+    }
+
+    #[test]
+    fn cells_decode_or_say_what_they_held() {
+        assert_eq!(u32::from_cell(Cell::Int(3)), Ok(3));
+        assert!(u32::from_cell(Cell::Int(-1)).is_err());
+        assert_eq!(f64::from_cell(Cell::Int(2)), Ok(2.0));
+        assert_eq!(Option::<String>::from_cell(Cell::Null), Ok(None));
+        assert_eq!(
+            Option::<String>::from_cell(Cell::Text("x")),
+            Ok(Some("x".into()))
+        );
+        let e = String::from_cell(Cell::Int(1)).expect_err("not text");
+        assert!(e.contains("expected text"), "{e}");
+        assert!(i64::from_cell(Cell::Null).is_err());
+    }
+
+    #[test]
+    fn a_row_round_trips_through_sqlite_with_borrowed_binds() {
+        let conn = rusqlite::Connection::open_in_memory().expect("open");
+        conn.execute_batch("CREATE TABLE t (a INTEGER, b REAL, c TEXT, d TEXT)")
+            .expect("create");
+        let text = String::from("borrowed");
+        let none: Option<&str> = None;
+        let args: [&dyn Bind; 4] = [&5_u64, &1.5_f64, &text, &none];
+        conn.execute("INSERT INTO t VALUES (?1, ?2, ?3, ?4)", lite(&args))
+            .expect("insert");
+        let mut stmt = conn.prepare("SELECT a, b, c, d FROM t").expect("select");
+        let mut rows = stmt.query([]).expect("query");
+        let row = rows.next().expect("next").expect("a row");
+        let c = Cols::lite(row, "t");
+        assert_eq!(c.get::<u64>("a").expect("a"), 5);
+        assert_eq!(c.get::<f64>("b").expect("b"), 1.5);
+        assert_eq!(c.get::<String>("c").expect("c"), "borrowed");
+        assert_eq!(c.get::<Option<String>>("d").expect("d"), None);
+        let e = c.get::<u64>("c").expect_err("text is not a number");
+        assert!(
+            e.to_string().contains("t.c") || e.to_string().contains('c'),
+            "{e}"
+        );
+        assert!(
+            c.get::<i64>("nope").is_err(),
+            "a missing column is an error"
+        );
+    }
+}
