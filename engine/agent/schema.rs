@@ -11,6 +11,9 @@
 use jsonschema::error::{TypeKind, ValidationErrorKind};
 use jsonschema::paths::LocationSegment;
 use jsonschema::ValidationError;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use serde_json::Value;
 
 /// At most this many problems are listed in one message; the model fixes them and
@@ -44,8 +47,7 @@ pub fn check_parameters(schema: &Value) -> Result<(), String> {
 /// Checks `arguments` against `schema`. `Err` holds the message for the model,
 /// every problem (up to a few) on its own line.
 pub fn validate(schema: &Value, arguments: &Value) -> Result<(), String> {
-    let validator = jsonschema::validator_for(schema)
-        .map_err(|e| format!("the tool's parameter schema is invalid: {}", describe(&e)))?;
+    let validator = compiled(schema)?;
     let mut problems: Vec<String> = validator
         .iter_errors(arguments)
         .map(|e| describe(&e))
@@ -59,6 +61,33 @@ pub fn validate(schema: &Value, arguments: &Value) -> Result<(), String> {
         problems.push(format!("({more} more problems)"));
     }
     Err(problems.join("\n"))
+}
+
+/// How many compiled schemas are kept; past it the cache starts over (tools come
+/// from the config and the MCP servers' lists, so a few dozen is the usual count).
+const MAX_COMPILED: usize = 256;
+
+/// `schema` compiled, from a cache keyed by its JSON text: compiling a schema costs
+/// far more than checking a call's arguments against it, and every tool call of
+/// every turn is checked.
+fn compiled(schema: &Value) -> Result<Arc<jsonschema::Validator>, String> {
+    static CACHE: LazyLock<Mutex<HashMap<String, Arc<jsonschema::Validator>>>> =
+        LazyLock::new(Default::default);
+    let key = schema.to_string();
+    let cache = || CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(v) = cache().get(&key) {
+        return Ok(v.clone());
+    }
+    let v = Arc::new(
+        jsonschema::validator_for(schema)
+            .map_err(|e| format!("the tool's parameter schema is invalid: {}", describe(&e)))?,
+    );
+    let mut c = cache();
+    if c.len() >= MAX_COMPILED {
+        c.clear();
+    }
+    c.insert(key, v.clone());
+    Ok(v)
 }
 
 /// One problem in words: where (`argument `a.b[0]``, or `arguments` for the whole
@@ -151,6 +180,18 @@ fn json_type(v: &Value) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn compiled_schemas_are_kept_apart_by_their_text() {
+        let of =
+            |ty: &str| serde_json::json!({"type": "object", "properties": {"n": {"type": ty}}});
+        let args = serde_json::json!({"n": 3});
+        for _ in 0..2 {
+            assert_eq!(super::validate(&of("integer"), &args), Ok(()));
+            let e = super::validate(&of("string"), &args).expect_err("not a string");
+            assert!(e.contains("argument `n`"), "{e}");
+        }
+    }
+
     use super::*;
     use serde_json::json;
 
