@@ -83,22 +83,48 @@ pub fn first_messages(agent: &Agent, prompt: &str) -> Vec<Value> {
 /// The chat completion request for one turn. With no `tools` (a tool-less agent, or
 /// the last turn asked for a final answer) the model is asked for a JSON object.
 pub fn request_body(agent: &Agent, messages: &[Value], tools: &[ToolSpec]) -> Value {
-    let mut body = Map::new();
-    body.insert("model".into(), Value::from(agent.model.clone()));
-    body.insert("messages".into(), Value::Array(messages.to_vec()));
-    if let Some(t) = agent.temperature {
-        body.insert("temperature".into(), Value::from(t));
+    serde_json::to_value(Request::new(agent, messages, tools)).unwrap_or(Value::Null)
+}
+
+/// [`request_body`] as the bytes sent. The conversation is serialized where it
+/// lies: it grows with every turn, and copying it into a new value each turn cost
+/// more than sending it.
+pub fn request_bytes(agent: &Agent, messages: &[Value], tools: &[ToolSpec]) -> Vec<u8> {
+    // Serializing borrowed JSON values and plain fields cannot fail.
+    serde_json::to_vec(&Request::new(agent, messages, tools)).unwrap_or_default()
+}
+
+/// One chat completions request, borrowing the conversation.
+#[derive(serde::Serialize)]
+struct Request<'a> {
+    model: &'a str,
+    messages: &'a [Value],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<Vec<Value>>,
+}
+
+impl<'a> Request<'a> {
+    fn new(agent: &'a Agent, messages: &'a [Value], tools: &[ToolSpec]) -> Request<'a> {
+        let (response_format, tools) = if tools.is_empty() {
+            (Some(json!({"type": "json_object"})), None)
+        } else {
+            (None, Some(tools.iter().map(ToolSpec::to_openai).collect()))
+        };
+        Request {
+            model: &agent.model,
+            messages,
+            temperature: agent.temperature,
+            max_tokens: agent.max_tokens,
+            response_format,
+            tools,
+        }
     }
-    if let Some(m) = agent.max_tokens {
-        body.insert("max_tokens".into(), Value::from(m));
-    }
-    if tools.is_empty() {
-        body.insert("response_format".into(), json!({"type": "json_object"}));
-    } else {
-        let list = tools.iter().map(ToolSpec::to_openai).collect();
-        body.insert("tools".into(), Value::Array(list));
-    }
-    Value::Object(body)
 }
 
 /// The assistant's answer of one turn.

@@ -97,12 +97,13 @@ impl<'a> Model<'a> {
         key: &str,
     ) -> Result<Value, ModelError> {
         let url = single::endpoint(self.provider);
-        let body = openai::request_body(self.agent, messages, tools);
+        let body = openai::request_bytes(self.agent, messages, tools);
         let mut req = self
             .client
             .post(&url)
             .headers(http::effect_headers(key, 1))
-            .json(&body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
         if let Some(k) = &self.provider.api_key {
             let value = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
                 ModelError::Config(format!(
