@@ -62,6 +62,9 @@ pub enum Error {
         retriable: bool,
     },
 
+    #[error("{0}")]
+    Postgres(#[from] super::postgres::PgError),
+
     #[error("the store's writer thread has stopped")]
     WriterGone,
 

@@ -45,13 +45,13 @@ impl NotificationRecord {
     }
 }
 
-/// OR IGNORE only swallows the primary-key conflict that signals "already recorded";
-/// the row that is kept is the first one, including its status.
+/// `ON CONFLICT (id) DO NOTHING` swallows only the primary-key conflict that signals
+/// "already recorded"; the row that is kept is the first one, including its status.
 pub(super) fn insert(db: &impl Db, n: &NotificationRecord) -> Result<Outcome, DbError> {
     db.exec(
         &format!(
-            "INSERT OR IGNORE INTO notifications ({COLUMNS}) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            "INSERT INTO notifications ({COLUMNS}) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO NOTHING"
         ),
         &[
             &n.id,

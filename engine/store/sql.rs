@@ -198,15 +198,23 @@ pub(super) struct Cols<'a> {
     table: &'static str,
 }
 
-/// The driver's row (PostgreSQL's joins it with the PostgreSQL store's reads).
+/// The driver's row.
 enum Row<'a> {
     Lite(&'a rusqlite::Row<'a>),
+    Pg(&'a postgres::Row),
 }
 
 impl<'a> Cols<'a> {
     pub(super) fn lite(row: &'a rusqlite::Row<'a>, table: &'static str) -> Cols<'a> {
         Cols {
             row: Row::Lite(row),
+            table,
+        }
+    }
+
+    pub(super) fn pg(row: &'a postgres::Row, table: &'static str) -> Cols<'a> {
+        Cols {
+            row: Row::Pg(row),
             table,
         }
     }
@@ -234,6 +242,7 @@ impl<'a> Cols<'a> {
                 };
                 T::from_cell(cell).map_err(corrupt)
             }
+            Row::Pg(r) => pg_cell(r, column, |cell| T::from_cell(cell)).map_err(corrupt),
         }
     }
 
@@ -248,11 +257,113 @@ impl<'a> Cols<'a> {
     }
 }
 
+/// Reads a PostgreSQL column by its type (BIGINT, INTEGER, DOUBLE PRECISION, TEXT,
+/// BOOLEAN: what the translated schema and our queries produce).
+fn pg_cell<T>(
+    row: &postgres::Row,
+    column: &str,
+    decode: impl FnOnce(Cell<'_>) -> Result<T, String>,
+) -> Result<T, String> {
+    use postgres::types::Type;
+    let idx = row
+        .columns()
+        .iter()
+        .position(|c| c.name() == column)
+        .ok_or_else(|| format!("no column {column} in the row"))?;
+    let ty = row.columns()[idx].type_().clone();
+    let e = |e: postgres::Error| e.to_string();
+    let cell = if ty == Type::INT8 {
+        row.try_get::<_, Option<i64>>(idx)
+            .map_err(e)?
+            .map_or(Cell::Null, Cell::Int)
+    } else if ty == Type::INT4 {
+        row.try_get::<_, Option<i32>>(idx)
+            .map_err(e)?
+            .map_or(Cell::Null, |i| Cell::Int(i64::from(i)))
+    } else if ty == Type::INT2 {
+        row.try_get::<_, Option<i16>>(idx)
+            .map_err(e)?
+            .map_or(Cell::Null, |i| Cell::Int(i64::from(i)))
+    } else if ty == Type::FLOAT8 {
+        row.try_get::<_, Option<f64>>(idx)
+            .map_err(e)?
+            .map_or(Cell::Null, Cell::Real)
+    } else if ty == Type::BOOL {
+        row.try_get::<_, Option<bool>>(idx)
+            .map_err(e)?
+            .map_or(Cell::Null, |b| Cell::Int(i64::from(b)))
+    } else if ty == Type::TEXT || ty == Type::VARCHAR {
+        let text: Option<&str> = row.try_get(idx).map_err(e)?;
+        return decode(text.map_or(Cell::Null, Cell::Text));
+    } else {
+        return Err(format!(
+            "column {column} has type {ty}, which the store never uses"
+        ));
+    };
+    decode(cell)
+}
+
+/// SQLite's numbered placeholders (`?1`) respelled for PostgreSQL (`$1`), outside
+/// quoted strings. Statements are written once, in SQLite's spelling.
+pub(super) fn for_postgres(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// `args` for the PostgreSQL driver, borrowed.
+pub(super) fn pg_args<'a>(args: Args<'a>) -> Vec<PgArg<'a>> {
+    args.iter().map(|a| PgArg(a.value())).collect()
+}
+
+/// One value bound for PostgreSQL: integers go as the column's width (the schema's
+/// are BIGINT; an INTEGER is narrowed only when it fits), text and NULL as given.
+#[derive(Debug)]
+pub(super) struct PgArg<'a>(Value<'a>);
+
+impl postgres::types::ToSql for PgArg<'_> {
+    fn to_sql(
+        &self,
+        ty: &postgres::types::Type,
+        out: &mut postgres::types::private::BytesMut,
+    ) -> Result<postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        use postgres::types::{IsNull, Type};
+        match self.0 {
+            Value::Null => Ok(IsNull::Yes),
+            Value::Int(i) if *ty == Type::INT4 => i32::try_from(i)?.to_sql(ty, out),
+            Value::Int(i) if *ty == Type::FLOAT8 => (i as f64).to_sql(ty, out),
+            Value::Int(i) => i.to_sql(ty, out),
+            Value::Real(r) => r.to_sql(ty, out),
+            Value::Text(t) => t.to_sql(ty, out),
+            Value::TooLarge(n) => Err(format!("{n} does not fit a signed 64-bit column").into()),
+        }
+    }
+
+    fn accepts(_: &postgres::types::Type) -> bool {
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
 /// A failed statement of a write, whichever driver ran it.
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     #[error("{0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("{}", super::postgres::detail(.0))]
+    Postgres(#[from] postgres::Error),
     /// A row the write read back could not be decoded.
     #[error("{0}")]
     Row(Box<Error>),
@@ -262,6 +373,7 @@ impl From<DbError> for Error {
     fn from(e: DbError) -> Error {
         match e {
             DbError::Sqlite(e) => Error::Sqlite(e),
+            DbError::Postgres(e) => Error::Postgres(super::postgres::PgError::Db(e)),
             DbError::Row(e) => *e,
         }
     }
@@ -311,6 +423,15 @@ impl Db for rusqlite::Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placeholders_are_respelled_outside_strings_only() {
+        let check = |sql: &str, want: &str| assert_eq!(for_postgres(sql), want, "{sql}");
+        check("a = ?1 AND b = ?12", "a = $1 AND b = $12");
+        check("a = '?1' AND b = ?2", "a = '?1' AND b = $2");
+        check("x LIKE 'it''s ?3' OR y = ?4", "x LIKE 'it''s ?3' OR y = $4");
+        check("a = ? ", "a = ? ");
+    }
 
     #[test]
     fn values_bind_as_their_kind_and_none_as_null() {

@@ -614,12 +614,10 @@ fn attempt(conn: &mut Connection, jobs: &[Job]) -> Attempt {
     Attempt::Committed(replies)
 }
 
-/// Applies one caller's batch inside its own savepoint, undoing all of it on failure.
-/// If the failure (or the undo) destroyed the enclosing transaction, the connection is
-/// back in autocommit mode and the caller of this function must notice.
-fn apply_batch(conn: &Connection, writes: &[Write]) -> Result<Vec<Outcome>, Error> {
-    // Cached: these run once per batch, thousands of times a second under load.
-    conn.prepare_cached("SAVEPOINT batch")?.execute([])?;
+/// Applies a caller's writes in order on `db`, inside a transaction the caller owns
+/// (either backend): the conditional writes apply only after an insert of the batch
+/// won. The first failing write ends it, named in [`Error::Write`].
+pub(super) fn apply_writes(db: &impl Db, writes: &[Write]) -> Result<Vec<Outcome>, Error> {
     let mut outcomes = Vec::with_capacity(writes.len());
     let mut inserted = false;
     for (index, write) in writes.iter().enumerate() {
@@ -631,28 +629,43 @@ fn apply_batch(conn: &Connection, writes: &[Write]) -> Result<Vec<Outcome>, Erro
             outcomes.push(Outcome::Done);
             continue;
         }
-        match write.apply(conn) {
+        match write.apply(db) {
             Ok(outcome) => {
                 inserted |= outcome == Outcome::RunInserted;
                 outcomes.push(outcome)
             }
             Err(source) => {
-                if !conn.is_autocommit() {
-                    let undone = conn.execute_batch("ROLLBACK TO batch; RELEASE batch");
-                    if undone.is_err() && !conn.is_autocommit() {
-                        // The savepoint cannot be undone, so the only safe way to keep
-                        // this batch out is to drop the transaction and retry the rest.
-                        let _ = conn.execute_batch("ROLLBACK");
-                    }
-                }
                 return Err(Error::Write {
                     index,
                     write: write.name(),
                     source,
-                });
+                })
             }
         }
     }
+    Ok(outcomes)
+}
+
+/// Applies one caller's batch inside its own savepoint, undoing all of it on failure.
+/// If the failure (or the undo) destroyed the enclosing transaction, the connection is
+/// back in autocommit mode and the caller of this function must notice.
+fn apply_batch(conn: &Connection, writes: &[Write]) -> Result<Vec<Outcome>, Error> {
+    // Cached: these run once per batch, thousands of times a second under load.
+    conn.prepare_cached("SAVEPOINT batch")?.execute([])?;
+    let outcomes = match apply_writes(conn, writes) {
+        Ok(outcomes) => outcomes,
+        Err(error) => {
+            if !conn.is_autocommit() {
+                let undone = conn.execute_batch("ROLLBACK TO batch; RELEASE batch");
+                if undone.is_err() && !conn.is_autocommit() {
+                    // The savepoint cannot be undone, so the only safe way to keep
+                    // this batch out is to drop the transaction and retry the rest.
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+            }
+            return Err(error);
+        }
+    };
     if let Err(error) = conn
         .prepare_cached("RELEASE batch")
         .and_then(|mut st| st.execute([]))

@@ -1,14 +1,19 @@
 //! The PostgreSQL side of the store, for several replicas sharing one database
-//! (`database.url`). Being built: so far the schema (`schema`), which is the SQLite
+//! (`database.url`). Being built. So far: the schema (`schema`), which is the SQLite
 //! schema translated, version for version, so both backends always hold the same
-//! tables, columns and rules. The connection owner, the batch writer and the reads
-//! follow, behind the same contract as the SQLite store (see `store`).
+//! tables, columns and rules; and the writes (`db`, [`apply_batch`]): every `Write`
+//! runs the very statements it runs on SQLite, through the same `Db` trait, with
+//! the same outcomes. The connection owner with group commit, the reads and the
+//! leases follow, behind the same contract as the SQLite store (see `store`).
 //!
 //! Like SQLite's connections, PostgreSQL clients here are synchronous
 //! (`postgres::Client`) and owned by the store's own threads: the engine never holds
 //! one across an await, and never holds a transaction across a step.
 
+mod db;
 pub mod schema;
+
+use super::{Error, Outcome, Write};
 
 /// A PostgreSQL failure, with what was being done. Messages carry the server's
 /// own words (`postgres::Error` alone displays only "db error").
@@ -72,6 +77,16 @@ pub fn connect(url: &str) -> Result<postgres::Client, PgError> {
         url: redact(url),
         source,
     })
+}
+
+/// Applies one batch atomically in its own transaction, with one [`Outcome`] per
+/// write: all of it or, naming the failing write, none of it. (The PostgreSQL
+/// writer will group several batches per transaction, as SQLite's does.)
+pub fn apply_batch(client: &mut postgres::Client, writes: &[Write]) -> Result<Vec<Outcome>, Error> {
+    let tx = db::PgTx::new(client.transaction().map_err(PgError::Db)?);
+    let outcomes = super::writer::apply_writes(&tx, writes)?;
+    tx.commit().map_err(PgError::Db)?;
+    Ok(outcomes)
 }
 
 #[cfg(test)]
