@@ -4,46 +4,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::tools;
+use super::unset::Unset;
 use super::*;
 use crate::decode::Obj;
-use crate::diag::{Diagnostics, Span};
+use crate::diag::Diagnostics;
 use crate::yaml;
-
-/// What expansion found unset: every variable without a default (for the
-/// warning), and, per string node, the variables written as `${VAR}` that were
-/// unset or empty, so a secret built from one fails closed (`Config::require_secrets`).
-#[derive(Debug, Default)]
-pub(super) struct Unset {
-    missing: Vec<String>,
-    by_node: Vec<(Span, String)>,
-}
-
-impl Unset {
-    pub(super) fn names(&self) -> impl Iterator<Item = String> + '_ {
-        self.missing.iter().cloned()
-    }
-
-    /// The first `${VAR}` without a default that expanded empty inside the node at `span`.
-    pub(super) fn empty_variable_at(&self, span: &Span) -> Option<&str> {
-        self.by_node
-            .iter()
-            .find(|(s, _)| s == span)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Records `node` (a header or env value, at `key`) as an unset secret when a
-/// `${VAR}` without a default inside it expanded empty, even if the rest of the
-/// text is not empty (`"Bearer ${TOKEN}"`).
-pub(super) fn secret_in(node: &yaml::Node, key: &str, unset: &Unset, sink: &mut Vec<UnsetSecret>) {
-    if let Some(var) = unset.empty_variable_at(&node.span) {
-        sink.push(UnsetSecret {
-            key: key.to_string(),
-            variable: var.to_string(),
-            span: node.span.clone(),
-        });
-    }
-}
 
 /// The variables written `${VAR}` (no default) in `text` that are unset or empty.
 fn defaultless_empty(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Vec<String> {

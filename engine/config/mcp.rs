@@ -9,7 +9,7 @@ use super::tools::ApprovalRule;
 use crate::domain::ToolEffect;
 use std::collections::BTreeMap;
 
-use super::decode::{secret_in, Unset};
+use super::unset::{secret_in, Unset};
 use super::UnsetSecret;
 use crate::decode::Obj;
 use crate::diag::Diagnostics;

@@ -16,6 +16,7 @@ use crate::yaml;
 mod decode;
 mod mcp;
 mod tools;
+mod unset;
 pub use crate::domain::ToolEffect;
 use decode::{decode, expand_tree};
 pub use mcp::{McpServer, McpTransport};
@@ -307,7 +308,7 @@ impl Config {
             }
         };
         let lookup = |k: &str| std::env::var(k).ok();
-        let mut unset = decode::Unset::default();
+        let mut unset = unset::Unset::default();
         expand_tree(&mut root, &lookup, &mut unset);
         let mut missing: Vec<String> = unset.names().collect();
         missing.sort();

@@ -1,7 +1,8 @@
 //! `pending_approvals`: human approval requests, their deadline and their decision.
 
 use super::connection::{query_all, query_opt, Cols};
-use super::sql::{Db, DbError};
+use super::error::DbError;
+use super::sql::Db;
 use super::{Error, Outcome, Store};
 use crate::domain::{ApprovalStatus, RunId, UnixMillis};
 

@@ -1,4 +1,6 @@
-//! The one error type of the store, used by callers as `store::Error`.
+//! The store's errors: `store::Error`, what a write's statement failed with
+//! ([`DbError`], either driver) and PostgreSQL's ([`PgError`]). A leaf: it names
+//! the drivers' error types and nothing else of the store.
 
 use std::path::PathBuf;
 
@@ -50,7 +52,7 @@ pub enum Error {
     Write {
         index: usize,
         write: &'static str,
-        source: super::sql::DbError,
+        source: DbError,
     },
 
     /// The shared group transaction could not be begun or committed, so this caller's
@@ -63,7 +65,7 @@ pub enum Error {
     },
 
     #[error("{0}")]
-    Postgres(#[from] super::postgres::PgError),
+    Postgres(#[from] PgError),
 
     #[error("the store's writer thread has stopped")]
     WriterGone,
@@ -104,7 +106,7 @@ impl Error {
         match self {
             Error::Sqlite(e)
             | Error::Write {
-                source: super::sql::DbError::Sqlite(e),
+                source: DbError::Sqlite(e),
                 ..
             } => is_transient(e),
             Error::Transaction { retriable, .. } => *retriable,
@@ -137,4 +139,67 @@ pub(super) fn is_transient(e: &rusqlite::Error) -> bool {
 /// A full disk, as SQLite reports it.
 pub(super) fn is_disk_full(e: &rusqlite::Error) -> bool {
     e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
+}
+
+/// A failed statement of a write, whichever driver ran it.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("{0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("{}", detail(.0))]
+    Postgres(#[from] postgres::Error),
+    /// A row the write read back could not be decoded.
+    #[error("{0}")]
+    Row(Box<Error>),
+}
+
+impl From<DbError> for Error {
+    fn from(e: DbError) -> Error {
+        match e {
+            DbError::Sqlite(e) => Error::Sqlite(e),
+            DbError::Postgres(e) => Error::Postgres(PgError::Db(e)),
+            DbError::Row(e) => *e,
+        }
+    }
+}
+
+/// A PostgreSQL failure, with what was being done. Messages carry the server's
+/// own words (`postgres::Error` alone displays only "db error").
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error("cannot connect to PostgreSQL at {url}: {}", detail(.source))]
+    Connect {
+        /// The URL without its password.
+        url: String,
+        source: postgres::Error,
+    },
+    #[error("PostgreSQL migration {version} ({name}) failed: {}", detail(.source))]
+    Migration {
+        version: i64,
+        name: &'static str,
+        source: postgres::Error,
+    },
+    /// The database was migrated by a newer build.
+    #[error(
+        "the PostgreSQL database has schema version {found}, but this build knows only up to \
+         {known}; upgrade vectorstep or point it at another database"
+    )]
+    SchemaTooNew { found: i64, known: i64 },
+    #[error("PostgreSQL: {}", detail(.0))]
+    Db(#[from] postgres::Error),
+}
+
+/// What the server said (message and SQLSTATE), or the client error with its causes.
+pub fn detail(e: &postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }

@@ -1,7 +1,8 @@
 //! `run_events`: the run log, append-only, read back in the order it was written.
 
 use super::connection::{query_all, Cols};
-use super::sql::{Db, DbError};
+use super::error::DbError;
+use super::sql::Db;
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, UnixMillis};
 

@@ -12,7 +12,8 @@
 use std::collections::BTreeMap;
 
 use super::connection::{query_all, Cols};
-use super::sql::{Db, DbError};
+use super::error::DbError;
+use super::sql::Db;
 use super::{Error, Outcome, Store};
 use crate::domain::{DelegationStatus, RunId, ToolCallStatus, ToolEffect, TurnStatus, UnixMillis};
 

@@ -2,7 +2,8 @@
 //! Telegram update offset and the last fire time of each schedule.
 
 use super::connection::query_opt;
-use super::sql::{Db, DbError};
+use super::error::DbError;
+use super::sql::Db;
 use super::{Error, Outcome, Store};
 
 pub(super) fn set(db: &impl Db, key: &str, value: &str) -> Result<Outcome, DbError> {

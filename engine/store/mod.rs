@@ -90,6 +90,7 @@ use rusqlite::Connection;
 
 pub use approvals::ApprovalRecord;
 pub use connection::{raw_commit_probe, MIN_FREE_BYTES, WAL_BOUND_BYTES};
+pub use error::DbError;
 pub use error::Error;
 pub use events::EventRecord;
 pub use journal::{
@@ -97,7 +98,6 @@ pub use journal::{
 };
 pub use notifications::NotificationRecord;
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
-pub use sql::DbError;
 pub use steps::StepRecord;
 pub use writer::{Outcome, Rejected, StoreStats, Write};
 

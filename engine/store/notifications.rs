@@ -5,7 +5,8 @@
 //! `pending` rows are exactly the notifications still owed.
 
 use super::connection::{query_all, Cols};
-use super::sql::{Db, DbError};
+use super::error::DbError;
+use super::sql::Db;
 use super::{Error, Outcome, Store};
 use crate::domain::{NotificationStatus, RunId, UnixMillis};
 

@@ -1,7 +1,8 @@
 //! `pipeline_runs`: one row per run; the resume sweep starts from its `running` rows.
 
 use super::connection::{query_all, query_opt, Cols};
-use super::sql::{Db, DbError};
+use super::error::DbError;
+use super::sql::Db;
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, RunStatus, UnixMillis};
 

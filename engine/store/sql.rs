@@ -8,7 +8,7 @@
 //! Bound text is borrowed, never copied: a step record's output JSON goes from the
 //! record to the driver as it is.
 
-use super::Error;
+use super::error::{DbError, Error};
 
 /// A value bound to a statement, in the four kinds the schema uses.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -355,28 +355,6 @@ impl postgres::types::ToSql for PgArg<'_> {
     }
 
     postgres::types::to_sql_checked!();
-}
-
-/// A failed statement of a write, whichever driver ran it.
-#[derive(Debug, thiserror::Error)]
-pub enum DbError {
-    #[error("{0}")]
-    Sqlite(#[from] rusqlite::Error),
-    #[error("{}", super::postgres::detail(.0))]
-    Postgres(#[from] postgres::Error),
-    /// A row the write read back could not be decoded.
-    #[error("{0}")]
-    Row(Box<Error>),
-}
-
-impl From<DbError> for Error {
-    fn from(e: DbError) -> Error {
-        match e {
-            DbError::Sqlite(e) => Error::Sqlite(e),
-            DbError::Postgres(e) => Error::Postgres(super::postgres::PgError::Db(e)),
-            DbError::Row(e) => *e,
-        }
-    }
 }
 
 /// What a write needs of a connection inside the writer's transaction: run one

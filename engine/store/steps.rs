@@ -2,7 +2,8 @@
 //! keyed by step path; resume rebuilds a run's state from these rows alone.
 
 use super::connection::{query_all, Cols};
-use super::sql::{Db, DbError};
+use super::error::DbError;
+use super::sql::Db;
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, StepKind, StepStatus, UnixMillis};
 

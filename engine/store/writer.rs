@@ -26,8 +26,9 @@ use tracing::{debug, error, warn};
 
 use super::connection::{now_ms, WAL_FORCE_CHECKPOINT_BYTES};
 use super::error::is_transient;
+use super::error::DbError;
 use super::health::Health;
-use super::sql::{Db, DbError};
+use super::sql::Db;
 use super::{approvals, events, journal, kv, notifications, runs, steps};
 use super::{
     ApprovalRecord, DelegationRecord, Error, EventRecord, NotificationRecord, RunRecord,

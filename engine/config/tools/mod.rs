@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use super::decode::Unset;
+use super::unset::Unset;
 use super::{Agent, Config, UnsetSecret};
 use crate::decode::Obj;
 use crate::diag::{did_you_mean, Diagnostics, Span};

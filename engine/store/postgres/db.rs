@@ -4,7 +4,8 @@
 
 use std::cell::RefCell;
 
-use super::super::sql::{for_postgres, pg_args, Args, Cols, Db, DbError, PgArg};
+use super::super::error::DbError;
+use super::super::sql::{for_postgres, pg_args, Args, Cols, Db, PgArg};
 use super::super::Error;
 
 /// One open PostgreSQL transaction, used by the writes of one batch.

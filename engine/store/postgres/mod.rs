@@ -15,46 +15,7 @@ pub mod schema;
 
 use super::{Error, Outcome, Write};
 
-/// A PostgreSQL failure, with what was being done. Messages carry the server's
-/// own words (`postgres::Error` alone displays only "db error").
-#[derive(Debug, thiserror::Error)]
-pub enum PgError {
-    #[error("cannot connect to PostgreSQL at {url}: {}", detail(.source))]
-    Connect {
-        /// The URL without its password.
-        url: String,
-        source: postgres::Error,
-    },
-    #[error("PostgreSQL migration {version} ({name}) failed: {}", detail(.source))]
-    Migration {
-        version: i64,
-        name: &'static str,
-        source: postgres::Error,
-    },
-    /// The database was migrated by a newer build.
-    #[error(
-        "the PostgreSQL database has schema version {found}, but this build knows only up to \
-         {known}; upgrade vectorstep or point it at another database"
-    )]
-    SchemaTooNew { found: i64, known: i64 },
-    #[error("PostgreSQL: {}", detail(.0))]
-    Db(#[from] postgres::Error),
-}
-
-/// What the server said (message and SQLSTATE), or the client error with its causes.
-pub fn detail(e: &postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
-    }
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+pub use super::error::{detail, PgError};
 
 /// `url` with any password replaced by `***`, fit for logs and errors.
 pub fn redact(url: &str) -> String {
