@@ -1,7 +1,8 @@
 //! Every kind of `Write` applied to SQLite (the store as the engine uses it) and to
 //! a real, throwaway PostgreSQL server (`store::postgres::apply_batch`) in the same
 //! sequence: the two give the same outcome for every write, refuse the same
-//! batches whole, and end holding the same rows, table by table.
+//! batches whole, end holding the same rows, table by table, and read runs and
+//! steps back the same through the same read statements.
 
 mod common;
 
@@ -10,7 +11,7 @@ use vectorstep::domain::{
     ApprovalStatus, DelegationStatus, NotificationStatus, RunStatus, StepKind, StepStatus,
     ToolCallStatus, ToolEffect, TurnStatus,
 };
-use vectorstep::store::postgres::{apply_batch, schema};
+use vectorstep::store::postgres::{apply_batch, run_with_steps, schema};
 use vectorstep::store::{
     ApprovalRecord, DelegationRecord, EventRecord, NotificationRecord, Outcome, RunRecord,
     StepRecord, Store, ToolCallRecord, TurnRecord, Write,
@@ -404,8 +405,20 @@ fn every_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backends() 
     let last = all.len() - 1;
     for (n, batch) in all.into_iter().enumerate() {
         if n == last {
-            // Before the prune, when every table holds rows: compare them all.
+            // Before the prune, when every table holds rows: compare them all, and
+            // read the runs back through the store's own reads on both backends.
             compare_rows(&path, &mut pg, true);
+            for id in ["r1", "r2", "r4"] {
+                let lite = store
+                    .run(id)
+                    .expect("read")
+                    .map(|r| (r, store.steps(id).expect("steps")));
+                let post = run_with_steps(&mut pg, id).expect("read on PostgreSQL");
+                assert_eq!(post, lite, "run {id} as read back");
+            }
+            let r1 = store.steps("r1").expect("steps");
+            assert_eq!(r1.len(), 1, "the comparison reads something");
+            assert_eq!(r1[0].cost_usd, Some(0.0125));
         }
         let lite = answer(store.commit_blocking(batch.clone()));
         let post = answer(apply_batch(&mut pg, &batch));

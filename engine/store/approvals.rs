@@ -162,13 +162,15 @@ impl Store {
     /// A count, because the gauge is refreshed on every request and decision.
     pub fn count_pending_production_approvals(&self) -> Result<u64, Error> {
         self.read(|conn| {
-            let count: i64 = conn
-                .prepare_cached(
-                    "SELECT COUNT(*) FROM pending_approvals \
-                     WHERE status = 'pending' AND stage != 'testing'",
-                )?
-                .query_row([], |r| r.get(0))?;
-            Ok(u64::try_from(count).unwrap_or(0))
+            let count: Option<u64> = query_opt(
+                conn,
+                TABLE,
+                "SELECT COUNT(*) AS n FROM pending_approvals \
+                 WHERE status = 'pending' AND stage != 'testing'",
+                &[],
+                |c| c.get("n"),
+            )?;
+            Ok(count.unwrap_or(0))
         })
     }
 

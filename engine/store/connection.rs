@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
 
-use super::sql::{lite, Args};
+use super::sql::{Args, Db};
 
 use super::Error;
 
@@ -114,37 +114,26 @@ impl ReadPool {
 
 pub(super) use super::sql::Cols;
 
-/// Runs a query and decodes every row.
+/// Runs a query and decodes every row (either backend).
 pub(super) fn query_all<T>(
-    conn: &Connection,
+    db: &impl Db,
     table: &'static str,
     sql: &str,
     args: Args<'_>,
     decode: impl Fn(&Cols) -> Result<T, Error>,
 ) -> Result<Vec<T>, Error> {
-    let mut stmt = conn.prepare_cached(sql)?;
-    let mut rows = stmt.query(lite(args))?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(decode(&Cols::lite(row, table))?);
-    }
-    Ok(out)
+    Ok(db.all(table, sql, args, decode)?)
 }
 
 /// Runs a query expected to match at most one row (a primary-key lookup).
 pub(super) fn query_opt<T>(
-    conn: &Connection,
+    db: &impl Db,
     table: &'static str,
     sql: &str,
     args: Args<'_>,
     decode: impl Fn(&Cols) -> Result<T, Error>,
 ) -> Result<Option<T>, Error> {
-    let mut stmt = conn.prepare_cached(sql)?;
-    let mut rows = stmt.query(lite(args))?;
-    match rows.next()? {
-        Some(row) => Ok(Some(decode(&Cols::lite(row, table))?)),
-        None => Ok(None),
-    }
+    Ok(db.first(table, sql, args, decode)?)
 }
 
 /// Wall-clock unix milliseconds, used only for bookkeeping the store does on its own

@@ -336,10 +336,7 @@ impl Store {
     }
 
     pub fn run(&self, id: &str) -> Result<Option<RunRecord>, Error> {
-        self.read(|conn| {
-            let sql = format!("SELECT {COLUMNS} FROM pipeline_runs WHERE id = ?1");
-            query_opt(conn, TABLE, &sql, &[&id], RunRecord::decode)
-        })
+        self.read(|conn| by_id(conn, id))
     }
 
     /// Newest first (`triggered_at` descending, then `id` so pages are stable).
@@ -413,14 +410,14 @@ impl Store {
 
     pub fn count_runs_with_status(&self, status: RunStatus) -> Result<u64, Error> {
         self.read(|conn| {
-            let count: i64 = conn
-                .prepare_cached("SELECT COUNT(*) FROM pipeline_runs WHERE status = ?1")?
-                .query_row([status.as_str()], |r| r.get(0))?;
-            u64::try_from(count).map_err(|e| Error::Corrupt {
-                table: TABLE,
-                column: "COUNT(*)",
-                detail: e.to_string(),
-            })
+            let count: Option<u64> = query_opt(
+                conn,
+                TABLE,
+                "SELECT COUNT(*) AS n FROM pipeline_runs WHERE status = ?1",
+                &[&status.as_str()],
+                |c| c.get("n"),
+            )?;
+            Ok(count.unwrap_or(0))
         })
     }
 }
@@ -441,4 +438,10 @@ pub(super) fn prune(db: &impl Db, cutoff: i64) -> Result<Outcome, DbError> {
     }
     let runs = db.exec("DELETE FROM pipeline_runs WHERE status != 'running' AND completed_at IS NOT NULL AND completed_at < ?1", &[&cutoff])?;
     Ok(Outcome::Pruned { runs: runs as u64 })
+}
+
+/// The run `id`, on either backend.
+pub(super) fn by_id(db: &impl Db, id: &str) -> Result<Option<RunRecord>, Error> {
+    let sql = format!("SELECT {COLUMNS} FROM pipeline_runs WHERE id = ?1");
+    query_opt(db, TABLE, &sql, &[&id], RunRecord::decode)
 }

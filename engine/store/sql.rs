@@ -372,6 +372,15 @@ pub(super) trait Db {
         args: Args<'_>,
         decode: impl FnOnce(&Cols) -> Result<T, Error>,
     ) -> Result<Option<T>, DbError>;
+
+    /// Every row of `sql`, each decoded by `decode`.
+    fn all<T>(
+        &self,
+        table: &'static str,
+        sql: &str,
+        args: Args<'_>,
+        decode: impl Fn(&Cols) -> Result<T, Error>,
+    ) -> Result<Vec<T>, DbError>;
 }
 
 impl Db for rusqlite::Connection {
@@ -395,6 +404,22 @@ impl Db for rusqlite::Connection {
                 .map_err(|e| DbError::Row(Box::new(e))),
             None => Ok(None),
         }
+    }
+
+    fn all<T>(
+        &self,
+        table: &'static str,
+        sql: &str,
+        args: Args<'_>,
+        decode: impl Fn(&Cols) -> Result<T, Error>,
+    ) -> Result<Vec<T>, DbError> {
+        let mut stmt = self.prepare_cached(sql)?;
+        let mut rows = stmt.query(lite(args))?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next()? {
+            out.push(decode(&Cols::lite(row, table)).map_err(|e| DbError::Row(Box::new(e)))?);
+        }
+        Ok(out)
     }
 }
 

@@ -123,12 +123,14 @@ impl Store {
     /// In pipeline order (`step_index`, then `step_path` so that a group sorts before
     /// its branches and branches sort by name).
     pub fn steps(&self, run_id: &str) -> Result<Vec<StepRecord>, Error> {
-        self.read(|conn| {
-            let sql = format!(
-                "SELECT {COLUMNS} FROM pipeline_steps WHERE run_id = ?1 \
-                 ORDER BY step_index, step_path"
-            );
-            query_all(conn, TABLE, &sql, &[&run_id], StepRecord::decode)
-        })
+        self.read(|conn| of_run(conn, run_id))
     }
+}
+
+/// The step records of `run_id` in pipeline order, on either backend.
+pub(super) fn of_run(db: &impl Db, run_id: &str) -> Result<Vec<StepRecord>, Error> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM pipeline_steps WHERE run_id = ?1 ORDER BY step_index, step_path"
+    );
+    query_all(db, TABLE, &sql, &[&run_id], StepRecord::decode)
 }

@@ -60,4 +60,21 @@ impl Db for PgTx<'_> {
             None => Ok(None),
         }
     }
+
+    fn all<T>(
+        &self,
+        table: &'static str,
+        sql: &str,
+        args: Args<'_>,
+        decode: impl Fn(&Cols) -> Result<T, Error>,
+    ) -> Result<Vec<T>, DbError> {
+        let bound = pg_args(args);
+        let rows = self
+            .tx
+            .borrow_mut()
+            .query(for_postgres(sql).as_str(), &params(&bound))?;
+        rows.iter()
+            .map(|row| decode(&Cols::pg(row, table)).map_err(|e| DbError::Row(Box::new(e))))
+            .collect()
+    }
 }

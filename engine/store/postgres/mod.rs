@@ -3,8 +3,9 @@
 //! schema translated, version for version, so both backends always hold the same
 //! tables, columns and rules; and the writes (`db`, [`apply_batch`]): every `Write`
 //! runs the very statements it runs on SQLite, through the same `Db` trait, with
-//! the same outcomes. The connection owner with group commit, the reads and the
-//! leases follow, behind the same contract as the SQLite store (see `store`).
+//! the same outcomes; and the first reads (`run_with_steps`), through the read
+//! functions the SQLite store uses. The connection owner with group commit, the
+//! other reads and the leases follow, behind the same contract as the SQLite store (see `store`).
 //!
 //! Like SQLite's connections, PostgreSQL clients here are synchronous
 //! (`postgres::Client`) and owned by the store's own threads: the engine never holds
@@ -48,6 +49,21 @@ pub fn apply_batch(client: &mut postgres::Client, writes: &[Write]) -> Result<Ve
     let outcomes = super::writer::apply_writes(&tx, writes)?;
     tx.commit().map_err(PgError::Db)?;
     Ok(outcomes)
+}
+
+/// The run `id` and its step records, read with the statements the SQLite store
+/// reads them with (`Store::run`, `Store::steps`), in one transaction.
+pub fn run_with_steps(
+    client: &mut postgres::Client,
+    id: &str,
+) -> Result<Option<(super::RunRecord, Vec<super::StepRecord>)>, Error> {
+    let tx = db::PgTx::new(client.transaction().map_err(PgError::Db)?);
+    let Some(run) = super::runs::by_id(&tx, id)? else {
+        return Ok(None);
+    };
+    let steps = super::steps::of_run(&tx, id)?;
+    tx.commit().map_err(PgError::Db)?;
+    Ok(Some((run, steps)))
 }
 
 #[cfg(test)]
