@@ -5,7 +5,8 @@
 //! runs the very statements it runs on SQLite, through the same `Db` trait, with
 //! the same outcomes; and the first reads (`run_with_steps`), through the read
 //! functions the SQLite store uses. The connection owner with group commit, the
-//! other reads and the leases follow, behind the same contract as the SQLite store (see `store`).
+//! other reads and the leases follow, behind the same contract as the SQLite
+//! store (see `store`).
 //!
 //! Like SQLite's connections, PostgreSQL clients here are synchronous
 //! (`postgres::Client`) and owned by the store's own threads: the engine never holds
