@@ -184,15 +184,20 @@ pub fn step_table(steps: &[StepRecord]) -> String {
                 .unwrap_or_else(|| "-".into()),
         ]);
     }
-    let widths: Vec<usize> = (0..6)
+    aligned(&rows)
+}
+
+/// Rows of cells as left-aligned columns two spaces apart, one line each.
+fn aligned<const N: usize>(rows: &[[String; N]]) -> String {
+    let widths: Vec<usize> = (0..N)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
     for r in rows {
         let line: Vec<String> = r
             .iter()
-            .enumerate()
-            .map(|(c, cell)| format!("{cell:<w$}", w = widths[c]))
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
             .collect();
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
@@ -304,20 +309,7 @@ pub fn turn_table(turns: &Value) -> String {
             ]);
         }
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in rows {
-        let line: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(c, cell)| format!("{cell:<w$}", w = widths[c]))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    aligned(&rows)
 }
 
 /// For every agent step of a run (`run_detail`'s `steps` with `turns`), a heading

@@ -29,28 +29,12 @@ async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     SERIAL.lock().await
 }
 
-const MODEL: &str = "/v1/chat/completions";
-const TOOL: &str = "/restart";
+use common::tool_agent::{MODEL, TOOL};
 
-/// The model's answer to a request: a tool call until the conversation holds
-/// `calls` tool results, then a final step output.
+/// The model's answer to a request: a tool call (`{"service": "api"}`) until the
+/// conversation holds `calls` tool results, then a final step output.
 fn model_reply(body: &Value, calls: usize) -> Reply {
-    let messages = body["messages"].as_array().cloned().unwrap_or_default();
-    let results = messages.iter().filter(|m| m["role"] == "tool").count();
-    let message = if results < calls {
-        json!({"role": "assistant", "content": null, "tool_calls": [{
-            "id": "call_a", "type": "function",
-            "function": {"name": "restart_service", "arguments": "{\"service\": \"api\"}"}}]})
-    } else {
-        let answer =
-            json!({"confidence": 0.9, "summary": "restarted api", "next_step_context": ""});
-        json!({"role": "assistant", "content": answer.to_string()})
-    };
-    Reply::json(
-        200,
-        json!({"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-               "usage": {"prompt_tokens": 100, "completion_tokens": 10}}),
-    )
+    common::tool_agent::model_reply_with(body, calls, "{\"service\": \"api\"}")
 }
 
 /// A peer for both: `hold` decides which request (path, position) never answers.

@@ -14,13 +14,17 @@ pub const TOOL: &str = "/restart";
 /// The model's answer to `body`: a call of the tool while the conversation holds
 /// fewer than `calls` tool results, then a final step output.
 pub fn model_reply(body: &Value, calls: usize) -> Reply {
+    model_reply_with(body, calls, "{\"service\": \"api<b>&\"}")
+}
+
+/// [`model_reply`] calling the tool with `arguments` (JSON text).
+pub fn model_reply_with(body: &Value, calls: usize, arguments: &str) -> Reply {
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
     let results = messages.iter().filter(|m| m["role"] == "tool").count();
     let message = if results < calls {
         json!({"role": "assistant", "content": null, "tool_calls": [{
             "id": "call_a", "type": "function",
-            "function": {"name": "restart_service",
-                         "arguments": "{\"service\": \"api<b>&\"}"}}]})
+            "function": {"name": "restart_service", "arguments": arguments}}]})
     } else {
         let answer =
             json!({"confidence": 0.9, "summary": "restarted api", "next_step_context": ""});
