@@ -144,7 +144,7 @@ async fn a_decision_written_by_another_process_unparks_the_run() {
     let (id, token) = parked_run(&s).await;
     // Straight into the store, as a second process on the same database would:
     // nothing in this engine is told about it.
-    let other = Store::open(s.store.path()).expect("second handle");
+    let other = Store::open(s.store.path().expect("a SQLite store")).expect("second handle");
     let out = other
         .commit(vec![vectorstep::store::Write::DecideApproval {
             token: token.clone(),
@@ -229,7 +229,7 @@ async fn a_parked_tool_approval_that_times_out_hands_the_model_the_timeout() {
         .token
         .clone();
     // Pull the deadline in, as time passing would; the keeper finds it due.
-    let other = Store::open(s.store.path()).expect("second handle");
+    let other = Store::open(s.store.path().expect("a SQLite store")).expect("second handle");
     other
         .commit(vec![vectorstep::store::Write::DecideApproval {
             token: token.clone(),

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::postgres::{postgres_client, Postgres};
-use vectorstep::store::postgres::schema;
+use vectorstep::store::postgres::migrate;
 
 /// `table -> [(column, type, not null)]`, types in PostgreSQL's words.
 type Shape = BTreeMap<String, Vec<(String, String, bool)>>;
@@ -78,12 +78,11 @@ fn sqlite_shape() -> Shape {
 #[test]
 fn the_postgres_schema_has_every_table_and_column_of_the_sqlite_one() {
     let url = Postgres::shared().database();
-    let mut c = postgres_client(&url).expect("connect");
-    let applied = schema::apply(&mut c).expect("migrate");
+    let applied = migrate(&url).expect("migrate");
     assert_eq!(applied, (1..=applied.len() as i64).collect::<Vec<_>>());
     assert!(applied.len() >= 6, "{applied:?}");
     assert_eq!(
-        schema::apply(&mut c).expect("migrate again"),
+        migrate(&url).expect("migrate again"),
         Vec::<i64>::new(),
         "a second start applies nothing"
     );
@@ -103,7 +102,7 @@ fn the_postgres_schema_has_every_table_and_column_of_the_sqlite_one() {
 fn the_postgres_schema_keeps_the_rules_the_engine_relies_on() {
     let url = Postgres::shared().database();
     let mut c = postgres_client(&url).expect("connect");
-    schema::apply(&mut c).expect("migrate");
+    migrate(&url).expect("migrate");
     let run = |id: &str, status: &str, fp: &str| {
         format!(
             "INSERT INTO pipeline_runs (id, pipeline_name, status, source, stage, triggered_at, \
@@ -150,10 +149,7 @@ fn replicas_starting_at_once_apply_each_migration_once() {
     let handles: Vec<_> = (0..4)
         .map(|_| {
             let url = url.clone();
-            std::thread::spawn(move || {
-                let mut c = postgres_client(&url).expect("connect");
-                schema::apply(&mut c).expect("migrate")
-            })
+            std::thread::spawn(move || migrate(&url).expect("migrate"))
         })
         .collect();
     let mut all: Vec<i64> = handles
@@ -179,10 +175,10 @@ fn replicas_starting_at_once_apply_each_migration_once() {
 fn a_database_migrated_by_a_newer_build_is_refused() {
     let url = Postgres::shared().database();
     let mut c = postgres_client(&url).expect("connect");
-    schema::apply(&mut c).expect("migrate");
+    migrate(&url).expect("migrate");
     c.batch_execute("INSERT INTO schema_migrations (version, applied_at) VALUES (999, 0)")
         .expect("a future version");
-    let e = schema::apply(&mut c).expect_err("refused");
+    let e = migrate(&url).expect_err("refused");
     assert!(e.to_string().contains("schema version 999"), "{e}");
 }
 
@@ -191,7 +187,7 @@ fn a_server_stopped_at_once_comes_back_with_what_was_committed() {
     let pg = Postgres::start();
     let url = pg.database();
     let mut c = postgres_client(&url).expect("connect");
-    schema::apply(&mut c).expect("migrate");
+    migrate(&url).expect("migrate");
     c.batch_execute("INSERT INTO kv (key, value) VALUES ('k', 'v')")
         .expect("commit");
     drop(c);

@@ -1,5 +1,5 @@
 //! Every kind of `Write` applied to SQLite (the store as the engine uses it) and to
-//! a real, throwaway PostgreSQL server (`store::postgres::apply_batch`) in the same
+//! a real, throwaway PostgreSQL server (`Store::open_postgres`, the store as the engine uses it) in the same
 //! sequence: the two give the same outcome for every write, refuse the same
 //! batches whole, end holding the same rows, table by table, and read runs and
 //! steps back the same through the same read statements.
@@ -11,7 +11,6 @@ use vectorstep::domain::{
     ApprovalStatus, DelegationStatus, NotificationStatus, RunStatus, StepKind, StepStatus,
     ToolCallStatus, ToolEffect, TurnStatus,
 };
-use vectorstep::store::postgres::{apply_batch, run_with_steps, schema};
 use vectorstep::store::{
     ApprovalRecord, DelegationRecord, EventRecord, NotificationRecord, Outcome, RunRecord,
     StepRecord, Store, ToolCallRecord, TurnRecord, Write,
@@ -398,8 +397,8 @@ fn every_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backends() 
     let path = dir.join("vs.db");
     let store = Store::open(&path).expect("SQLite store");
     let url = Postgres::shared().database();
+    let shared = Store::open_postgres(&url, 2).expect("PostgreSQL store");
     let mut pg = postgres_client(&url).expect("connect");
-    schema::apply(&mut pg).expect("migrate");
 
     let all = batches();
     let last = all.len() - 1;
@@ -413,7 +412,10 @@ fn every_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backends() 
                     .run(id)
                     .expect("read")
                     .map(|r| (r, store.steps(id).expect("steps")));
-                let post = run_with_steps(&mut pg, id).expect("read on PostgreSQL");
+                let post = shared
+                    .run(id)
+                    .expect("read on PostgreSQL")
+                    .map(|r| (r, shared.steps(id).expect("steps on PostgreSQL")));
                 assert_eq!(post, lite, "run {id} as read back");
             }
             let r1 = store.steps("r1").expect("steps");
@@ -421,7 +423,7 @@ fn every_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backends() 
             assert_eq!(r1[0].cost_usd, Some(0.0125));
         }
         let lite = answer(store.commit_blocking(batch.clone()));
-        let post = answer(apply_batch(&mut pg, &batch));
+        let post = answer(shared.commit_blocking(batch.clone()));
         assert_eq!(post, lite, "batch {n}: {batch:?}");
     }
     drop(store);

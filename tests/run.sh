@@ -2,7 +2,7 @@
 # The whole test suite, on a fresh machine too: installs the system tools some tests
 # drive (systemd-analyze for the documented unit, a PostgreSQL server the store tests
 # start and throw away) when they are missing, then runs
-# `cargo test`. Plain `cargo test` works where they are installed, and a test whose
+# `cargo test`, and the engine's integration tests once more on PostgreSQL. Plain `cargo test` works where they are installed, and a test whose
 # tool is missing fails naming the package, never skips.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,4 +23,14 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-exec cargo test "$@"
+# Every test on the embedded SQLite store, then the integration tests of the
+# engine's contract (flow, crash, service, approvals, schedule) again on
+# PostgreSQL: the same tests, with VECTORSTEP_TEST_BACKEND choosing the store
+# their harness writes into each config (tests/common/backend.rs).
+if (($#)); then
+  exec cargo test "$@"
+fi
+cargo test
+echo "--- the same integration tests on PostgreSQL ---" >&2
+VECTORSTEP_TEST_BACKEND=postgres cargo test \
+  --test flow --test crash --test service --test approvals --test schedule

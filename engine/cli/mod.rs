@@ -280,3 +280,17 @@ pub fn main() -> i32 {
         }
     }
 }
+
+/// The store `config` names (SQLite file or PostgreSQL URL), with the place in the
+/// error when it cannot be opened.
+pub(crate) fn open_store(
+    config: &vectorstep::config::Config,
+) -> anyhow::Result<vectorstep::store::Store> {
+    use anyhow::Context;
+    let place = match &config.database_url {
+        Some(url) => vectorstep::store::postgres::redact(url),
+        None => config.database_path.display().to_string(),
+    };
+    vectorstep::store::Store::open_configured(config)
+        .with_context(|| format!("cannot open the store at {place}"))
+}

@@ -12,13 +12,13 @@ use serde_json::Value;
 use super::validate::{find_pipeline, load_pipelines};
 use super::{load_config, Cli};
 use vectorstep::clock::{rfc3339, Clock, SystemClock};
-use vectorstep::config::Config;
+
 use vectorstep::domain::{ApprovalStatus, RunStatus, StepStatus};
 use vectorstep::events::Event;
 use vectorstep::executor::Executors;
 use vectorstep::runner::{sweep, Created, Engine, RunEnd};
 use vectorstep::store::lock::OwnerLock;
-use vectorstep::store::{RunFilter, Store, Write};
+use vectorstep::store::{RunFilter, Write};
 use vectorstep::{intake, view};
 
 pub struct RunArgs<'a> {
@@ -27,15 +27,6 @@ pub struct RunArgs<'a> {
     pub source: &'a str,
     pub set: &'a [String],
     pub json: bool,
-}
-
-fn open_store(config: &Config) -> anyhow::Result<Store> {
-    Store::open(&config.database_path).with_context(|| {
-        format!(
-            "cannot open the store at {}",
-            config.database_path.display()
-        )
-    })
 }
 
 pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
@@ -72,7 +63,7 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
     // held until this process has finished with it (see `store::lock`).
     let owner_lock = OwnerLock::acquire(&config.database_path)
         .context("cannot take the lock that marks this process as the owner of its run")?;
-    let store = open_store(&config)?;
+    let store = super::open_store(&config)?;
     let rt = tokio::runtime::Runtime::new()?;
     let owner = owner_lock.owner().to_string();
     let result = rt.block_on(async move {
@@ -326,7 +317,7 @@ pub fn list(
     json: bool,
 ) -> anyhow::Result<i32> {
     let config = load_config(&cli.config)?;
-    let store = open_store(&config)?;
+    let store = super::open_store(&config)?;
     let runs = store.runs(&RunFilter {
         status,
         pipeline,
@@ -360,7 +351,7 @@ pub fn list(
 
 pub fn show(cli: &Cli, run_id: &str, json: bool) -> anyhow::Result<i32> {
     let config = load_config(&cli.config)?;
-    let store = open_store(&config)?;
+    let store = super::open_store(&config)?;
     let run = store
         .run(run_id)?
         .ok_or_else(|| anyhow::anyhow!("no run with id {run_id}"))?;
@@ -410,7 +401,7 @@ pub fn show(cli: &Cli, run_id: &str, json: bool) -> anyhow::Result<i32> {
 pub fn sweep_dry_run(cli: &Cli) -> anyhow::Result<i32> {
     let config = load_config(&cli.config)?;
     let set = load_pipelines(&config, &[])?;
-    let store = open_store(&config)?;
+    let store = super::open_store(&config)?;
     let now = SystemClock.now_ms();
     let runs = store.running_runs_with_owners()?;
     if runs.is_empty() {

@@ -15,7 +15,6 @@ use vectorstep::executor::Executors;
 use vectorstep::http::{router, AppState};
 use vectorstep::runner::{outbox, sweep, Engine};
 use vectorstep::store::lock::ServeLock;
-use vectorstep::store::Store;
 
 pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
     let config = Arc::new(load_acting_config(&cli.config)?);
@@ -23,15 +22,17 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
     check_exposure(&config)?;
     // First of all: a second `serve` on this store stops here, before it binds,
     // sweeps or migrates anything. Held (and its file removed) until `serve` returns.
-    let store_lock = ServeLock::acquire(&config.database_path)?;
-    tracing::debug!(lock = %store_lock.path().display(), "Store lock taken.");
+    // On SQLite a lock file beside the database; on PostgreSQL a session advisory
+    // lock, until runs are leased between replicas (docs/replicas.md).
+    let (store_lock, _pg_lock) = match &config.database_url {
+        Some(url) => (None, Some(sole_serve_on_postgres(url)?)),
+        None => (Some(ServeLock::acquire(&config.database_path)?), None),
+    };
+    if let Some(lock) = &store_lock {
+        tracing::debug!(lock = %lock.path().display(), "Store lock taken.");
+    }
     let set = load_pipelines(&config, &[])?;
-    let store = Store::open(&config.database_path).with_context(|| {
-        format!(
-            "cannot open the store at {}",
-            config.database_path.display()
-        )
-    })?;
+    let store = super::open_store(&config)?;
     // Built before anything starts, so a bad `api_url` stops the start with a
     // config error instead of failing every send later.
     let telegram = match &config.telegram {
@@ -176,5 +177,20 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+/// One `serve` per PostgreSQL database for now: a second one would take the first
+/// one's running runs for its own. Held until `serve` returns.
+fn sole_serve_on_postgres(url: &str) -> anyhow::Result<vectorstep::store::postgres::SessionLock> {
+    use vectorstep::store::postgres::{redact, try_session_lock, SERVE_LOCK};
+    match try_session_lock(url, SERVE_LOCK) {
+        Ok(Some(lock)) => Ok(lock),
+        Ok(None) => anyhow::bail!(
+            "another `vectorstep serve` is already using the PostgreSQL database {}; \
+             stop it first (one serve per database until runs are leased between replicas, see docs/replicas.md)",
+            redact(url)
+        ),
+        Err(e) => Err(anyhow::Error::new(e).context("cannot open the store")),
     }
 }

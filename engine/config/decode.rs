@@ -96,6 +96,7 @@ const TOP_KEYS: &[&str] = &[
     "logging",
     "retention",
     "mcp_servers",
+    "replica",
 ];
 
 fn resolve(base: &Path, p: String) -> PathBuf {
@@ -187,9 +188,61 @@ pub(super) fn decode(
     );
     c.database_path = resolve(base, "./data/vectorstep.db".into());
     if let Some(n) = top.get("database") {
-        if let Some(o) = Obj::new(n, "database", &["path"], &[], d) {
-            if let Some(p) = o.str(d, "path") {
-                c.database_path = resolve(base, p);
+        if let Some(o) = Obj::new(n, "database", &["path", "url", "pool_size"], &[], d) {
+            let path = o.str(d, "path");
+            if let Some(p) = &path {
+                c.database_path = resolve(base, p.clone());
+            }
+            if let Some(url) = o.str(d, "url") {
+                let node = o.get("url").map_or(o.span(), |n| &n.span);
+                if path.is_some() {
+                    d.error_hint(
+                        node,
+                        "database.url",
+                        "both `database.path` and `database.url` are set",
+                        "keep `path` for one server on SQLite, or `url` for PostgreSQL shared by several replicas",
+                    );
+                } else if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                    d.error_hint(
+                        node,
+                        "database.url",
+                        format!("`{}` is not a PostgreSQL URL", crate::store::postgres::redact(&url)),
+                        "write it as postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (a password is best given as ${VAR})",
+                    );
+                } else {
+                    c.database_url = Some(url);
+                }
+            }
+            if let Some(n) = o.at_least_one(d, "pool_size") {
+                c.database_pool_size = usize::try_from(n.min(1024)).unwrap_or(1024);
+            }
+        }
+    }
+    if let Some(n) = top.get("replica") {
+        if let Some(o) = Obj::new(
+            n,
+            "replica",
+            &["lease_seconds", "heartbeat_seconds"],
+            &[],
+            d,
+        ) {
+            let lease = o.at_least_one(d, "lease_seconds");
+            let heartbeat = o.at_least_one(d, "heartbeat_seconds");
+            let lease = lease.unwrap_or(c.replica.lease_seconds);
+            let heartbeat = heartbeat.unwrap_or(c.replica.heartbeat_seconds);
+            match crate::run::lease::check_timing(lease, heartbeat) {
+                Ok(_) => {
+                    c.replica.lease_seconds = lease;
+                    c.replica.heartbeat_seconds = heartbeat;
+                }
+                Err(why) => {
+                    d.error_hint(
+                        o.span(),
+                        "replica",
+                        why,
+                        "a replica renews its leases every heartbeat and stops driving a run one heartbeat before its lease could lapse; keep lease_seconds at least twice heartbeat_seconds plus one (default 30 and 5)",
+                    );
+                }
             }
         }
     }

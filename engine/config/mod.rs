@@ -31,7 +31,14 @@ pub struct Config {
     pub server: Server,
     pub pipeline_config_dir: PathBuf,
     pub step_library_dir: PathBuf,
+    /// The SQLite file (`database.path`), used when `database_url` is not set.
     pub database_path: PathBuf,
+    /// `database.url`: PostgreSQL, shared by several replicas, instead of the file.
+    pub database_url: Option<String>,
+    /// `database.pool_size`: read connections kept open to PostgreSQL.
+    pub database_pool_size: usize,
+    /// `replica`: how long a run's lease lasts and how often it is renewed.
+    pub replica: ReplicaTiming,
     pub durability: Durability,
     pub dedup: Dedup,
     pub max_runs: usize,
@@ -61,6 +68,13 @@ pub struct Config {
     pub retention_days: u64,
     /// `mcp_servers`: the MCP servers agents may use, by name (SPEC 10).
     pub mcp_servers: BTreeMap<String, McpServer>,
+}
+
+/// `replica: {lease_seconds, heartbeat_seconds}` (PostgreSQL only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaTiming {
+    pub lease_seconds: u64,
+    pub heartbeat_seconds: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -197,6 +211,12 @@ impl Default for Config {
             pipeline_config_dir: PathBuf::from("./pipelines"),
             step_library_dir: PathBuf::from("./samples/steps"),
             database_path: PathBuf::from("./data/vectorstep.db"),
+            database_url: None,
+            database_pool_size: 16,
+            replica: ReplicaTiming {
+                lease_seconds: 30,
+                heartbeat_seconds: 5,
+            },
             durability: Durability {
                 max_resume_age_seconds: 3600,
                 max_resume_attempts: 5,

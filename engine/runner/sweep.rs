@@ -227,13 +227,14 @@ pub fn ownership(database: &Path, owner: Option<&str>) -> Ownership {
 /// The owners probed by one pass, each once. Holds the locks of dead owners until
 /// dropped (after their runs were settled), which removes their files.
 struct Owners<'a> {
-    database: &'a Path,
+    /// The SQLite file the owners' locks sit beside; `None` on PostgreSQL.
+    database: Option<&'a Path>,
     seen: HashMap<String, bool>,
     held: Vec<FileLock>,
 }
 
 impl<'a> Owners<'a> {
-    fn new(database: &'a Path) -> Self {
+    fn new(database: Option<&'a Path>) -> Self {
         Owners {
             database,
             seen: HashMap::new(),
@@ -246,7 +247,12 @@ impl<'a> Owners<'a> {
         if let Some(gone) = self.seen.get(owner) {
             return *gone;
         }
-        let gone = match lock::probe_owner(self.database, owner) {
+        let Some(database) = self.database else {
+            // PostgreSQL: a `vectorstep run` process holds its run by lease, not
+            // by a lock file here (runner::replica); never take it from here.
+            return false;
+        };
+        let gone = match lock::probe_owner(database, owner) {
             Ok(Probe::Alive { .. }) => false,
             Ok(Probe::Gone(held)) => {
                 self.held.extend(held);

@@ -109,6 +109,11 @@ impl Error {
                 source: DbError::Sqlite(e),
                 ..
             } => is_transient(e),
+            Error::Postgres(PgError::Db(e) | PgError::Connect { source: e, .. })
+            | Error::Write {
+                source: DbError::Postgres(e),
+                ..
+            } => is_transient_pg(e),
             Error::Transaction { retriable, .. } => *retriable,
             Error::FileReplaced { .. } => true,
             _ => false,
@@ -136,6 +141,30 @@ pub(super) fn is_transient(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// Whether PostgreSQL failed because of the connection or the server's state
+/// rather than the data: the connection closed or broke, the server is shutting
+/// down or starting, out of resources, or a serialization conflict. The same
+/// batch may succeed on a new connection once the condition clears.
+pub(super) fn is_transient_pg(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => {
+            let c = code.code();
+            c.starts_with("08")
+                || c.starts_with("53")
+                || c.starts_with("57P")
+                || c == "40001"
+                || c == "40P01"
+                || c == "25006"
+        }
+        // No SQLSTATE: transient only when the client could not talk to the
+        // server (I/O, a timeout), not when it refused a value itself.
+        None => std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
+    }
+}
+
 /// A full disk, as SQLite reports it.
 pub(super) fn is_disk_full(e: &rusqlite::Error) -> bool {
     e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull)
@@ -147,7 +176,7 @@ pub enum DbError {
     #[error("{0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("{}", detail(.0))]
-    Postgres(#[from] postgres::Error),
+    Postgres(#[from] tokio_postgres::Error),
     /// A row the write read back could not be decoded.
     #[error("{0}")]
     Row(Box<Error>),
@@ -164,20 +193,20 @@ impl From<DbError> for Error {
 }
 
 /// A PostgreSQL failure, with what was being done. Messages carry the server's
-/// own words (`postgres::Error` alone displays only "db error").
+/// own words (`tokio_postgres::Error` alone displays only "db error").
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
     #[error("cannot connect to PostgreSQL at {url}: {}", detail(.source))]
     Connect {
         /// The URL without its password.
         url: String,
-        source: postgres::Error,
+        source: tokio_postgres::Error,
     },
     #[error("PostgreSQL migration {version} ({name}) failed: {}", detail(.source))]
     Migration {
         version: i64,
         name: &'static str,
-        source: postgres::Error,
+        source: tokio_postgres::Error,
     },
     /// The database was migrated by a newer build.
     #[error(
@@ -186,11 +215,14 @@ pub enum PgError {
     )]
     SchemaTooNew { found: i64, known: i64 },
     #[error("PostgreSQL: {}", detail(.0))]
-    Db(#[from] postgres::Error),
+    Db(#[from] tokio_postgres::Error),
+    /// The thread that runs the connections' I/O could not be started.
+    #[error("cannot start the PostgreSQL connection thread: {0}")]
+    Runtime(String),
 }
 
 /// What the server said (message and SQLSTATE), or the client error with its causes.
-pub fn detail(e: &postgres::Error) -> String {
+pub fn detail(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{} (SQLSTATE {})", db.message(), db.code().code());
     }

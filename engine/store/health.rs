@@ -38,6 +38,17 @@ impl Health {
         }
     }
 
+    /// For a database that is not a local file (PostgreSQL, named by its URL
+    /// without the password): only the write path is watched.
+    pub(super) fn remote(name: &str) -> Health {
+        Health {
+            path: PathBuf::from(name),
+            opened: None,
+            write_problem: Mutex::new(None),
+            file_problem: Mutex::new(None),
+        }
+    }
+
     /// Why the store cannot take writes now, if it cannot. Checks the file afresh.
     pub(super) fn problem(&self) -> Option<String> {
         if let Some(p) = self.check_file() {

@@ -1,9 +1,10 @@
 //! Durable state: runs, steps, the run log, approvals, the notification outbox, the
 //! agent step journal and a small key-value table, in one SQLite file.
 //!
-//! This is the only module that imports rusqlite. [`Store`] is a concrete SQLite
-//! type; what follows is the contract its callers rely on, which another backend
-//! would have to keep.
+//! This is the only module that imports rusqlite or tokio-postgres. [`Store`] is
+//! either backend: [`Store::open`] a SQLite file (one `serve`), or
+//! [`Store::open_postgres`] a PostgreSQL database several replicas share (see
+//! `postgres`). What follows is the contract its callers rely on; both keep it.
 //!
 //! # Writes: batches of [`Write`], one [`Outcome`] each
 //!
@@ -103,6 +104,9 @@ pub use writer::{Outcome, Rejected, StoreStats, Write};
 
 use connection::ReadPool;
 use health::Health;
+use postgres::pool::PgPool;
+use postgres::PgConn;
+use sql::{Args, Cols, Db};
 use writer::Writer;
 
 /// A handle to the database. Cheap to clone; all clones share one writer thread and
@@ -114,10 +118,61 @@ pub struct Store {
 }
 
 struct Inner {
-    path: PathBuf,
-    readers: ReadPool,
+    /// The SQLite file, `None` on PostgreSQL.
+    path: Option<PathBuf>,
+    /// Where the store is, for logs: the file, or the URL without its password.
+    name: String,
+    readers: Readers,
     writer: Writer,
     health: Arc<Health>,
+}
+
+/// The read connections of either backend.
+enum Readers {
+    Lite(ReadPool),
+    Pg(PgPool),
+}
+
+/// One read connection, lent to a read for its duration: the table files' reads
+/// run their statements on it through [`Db`], whichever the backend.
+pub(crate) enum Reader<'a> {
+    Lite(&'a Connection),
+    Pg(&'a PgConn),
+}
+
+impl Db for Reader<'_> {
+    fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {
+        match self {
+            Reader::Lite(c) => c.exec(sql, args),
+            Reader::Pg(c) => c.exec(sql, args),
+        }
+    }
+
+    fn first<T>(
+        &self,
+        table: &'static str,
+        sql: &str,
+        args: Args<'_>,
+        decode: impl FnOnce(&Cols) -> Result<T, Error>,
+    ) -> Result<Option<T>, DbError> {
+        match self {
+            Reader::Lite(c) => c.first(table, sql, args, decode),
+            Reader::Pg(c) => c.first(table, sql, args, decode),
+        }
+    }
+
+    fn all<T>(
+        &self,
+        table: &'static str,
+        sql: &str,
+        args: Args<'_>,
+        decode: impl Fn(&Cols) -> Result<T, Error>,
+    ) -> Result<Vec<T>, DbError> {
+        match self {
+            Reader::Lite(c) => c.all(table, sql, args, decode),
+            Reader::Pg(c) => c.all(table, sql, args, decode),
+        }
+    }
 }
 
 /// Free space under which the store refuses to start: SQLite could not even grow
@@ -142,12 +197,46 @@ impl Store {
         let writer = Writer::spawn(conn, Arc::clone(&health))?;
         Ok(Store {
             inner: Arc::new(Inner {
-                path: path.to_path_buf(),
-                readers: ReadPool::new(path.to_path_buf()),
+                path: Some(path.to_path_buf()),
+                name: path.display().to_string(),
+                readers: Readers::Lite(ReadPool::new(path.to_path_buf())),
                 writer,
                 health,
             }),
         })
+    }
+
+    /// Opens the PostgreSQL database at `url` (`database.url`), brings its schema
+    /// up to date (under an advisory lock, so replicas starting together migrate
+    /// once) and starts the writer thread. `pool_size` bounds the idle read
+    /// connections kept.
+    pub fn open_postgres(url: &str, pool_size: usize) -> Result<Store, Error> {
+        let conn = PgConn::connect(url)?;
+        postgres::schema::apply(&conn)?;
+        let name = postgres::redact(url);
+        let health = Arc::new(Health::remote(&name));
+        let writer = Writer::spawn_with(
+            postgres::writer::PgWriter::new(url, conn),
+            Arc::clone(&health),
+        )?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                path: None,
+                name,
+                readers: Readers::Pg(PgPool::new(url, pool_size)),
+                writer,
+                health,
+            }),
+        })
+    }
+
+    /// Opens the store `config` names: PostgreSQL when `database.url` is set,
+    /// otherwise the SQLite file at `database.path`.
+    pub fn open_configured(config: &crate::config::Config) -> Result<Store, Error> {
+        match &config.database_url {
+            Some(url) => Store::open_postgres(url, config.database_pool_size),
+            None => Store::open(&config.database_path),
+        }
     }
 
     /// Why the store cannot take writes right now (`None` when it can): the last
@@ -158,8 +247,20 @@ impl Store {
         self.inner.health.problem()
     }
 
-    pub fn path(&self) -> &Path {
-        &self.inner.path
+    /// The SQLite file; `None` when the store is PostgreSQL.
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.path.as_deref()
+    }
+
+    /// Whether the store is PostgreSQL (shared by several replicas).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.inner.readers, Readers::Pg(_))
+    }
+
+    /// Where the store is, for logs and errors: the SQLite file, or the PostgreSQL
+    /// URL without its password.
+    pub fn name(&self) -> &str {
+        &self.inner.name
     }
 
     /// Applies `writes` atomically and returns once they are committed to disk, with
@@ -203,9 +304,17 @@ impl Store {
     }
 
     /// The result of `PRAGMA integrity_check`: `"ok"` when the file is sound,
-    /// otherwise SQLite's list of problems, one per line.
+    /// otherwise SQLite's list of problems, one per line. PostgreSQL checks its own
+    /// pages; there the answer is `"ok"` once the server answers a query.
     pub fn integrity_check(&self) -> Result<String, Error> {
-        self.read(|conn| {
+        self.read(|reader| {
+            let conn = match reader {
+                Reader::Lite(conn) => *conn,
+                Reader::Pg(conn) => {
+                    conn.exec("SELECT 1", &[])?;
+                    return Ok("ok".to_string());
+                }
+            };
             let mut stmt = conn.prepare("PRAGMA integrity_check")?;
             let mut rows = stmt.query([])?;
             let mut lines = Vec::new();
@@ -216,8 +325,11 @@ impl Store {
         })
     }
 
-    fn read<T>(&self, f: impl FnOnce(&Connection) -> Result<T, Error>) -> Result<T, Error> {
-        self.inner.readers.with(f)
+    fn read<T>(&self, f: impl FnOnce(&Reader<'_>) -> Result<T, Error>) -> Result<T, Error> {
+        match &self.inner.readers {
+            Readers::Lite(pool) => pool.with(|c| f(&Reader::Lite(c))),
+            Readers::Pg(pool) => pool.with(|c| f(&Reader::Pg(c))),
+        }
     }
 }
 
@@ -283,7 +395,7 @@ fn disk_full_at_start(path: &Path, e: Error) -> Error {
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store")
-            .field("path", &self.inner.path)
+            .field("name", &self.inner.name)
             .finish_non_exhaustive()
     }
 }

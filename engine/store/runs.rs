@@ -2,7 +2,7 @@
 
 use super::connection::{query_all, query_opt, Cols};
 use super::error::DbError;
-use super::sql::Db;
+use super::sql::{Bind, Db};
 use super::{Error, Outcome, Store};
 use crate::domain::{RunId, RunStatus, UnixMillis};
 
@@ -343,37 +343,39 @@ impl Store {
     pub fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>, Error> {
         // Only the conditions in use are put in the SQL so the planner can pick the
         // status or pipeline index; the few possible texts are cached as statements.
+        // Placeholders are numbered in the order they are bound: PostgreSQL refuses
+        // a statement with a parameter it never uses.
         let mut conditions = Vec::new();
-        if filter.status.is_some() {
-            conditions.push("status = ?1");
+        let mut args: Vec<&dyn Bind> = Vec::new();
+        if let Some(status) = &filter.status {
+            args.push(status);
+            conditions.push(format!("status = ?{}", args.len()));
         }
-        if filter.pipeline.is_some() {
-            conditions.push("pipeline_name = ?2");
+        if let Some(pipeline) = &filter.pipeline {
+            args.push(pipeline);
+            conditions.push(format!("pipeline_name = ?{}", args.len()));
         }
         let where_clause = if conditions.is_empty() {
             String::new()
         } else {
             format!("WHERE {}", conditions.join(" AND "))
         };
-        let sql = format!(
-            "SELECT {COLUMNS} FROM pipeline_runs {where_clause} \
-             ORDER BY triggered_at DESC, id LIMIT ?3 OFFSET ?4"
-        );
-        // SQLite treats a negative LIMIT as "no limit".
+        // No limit is the largest one: both backends take it (SQLite's -1 and
+        // PostgreSQL's ALL are each the other's syntax error).
         let limit = if filter.limit == 0 {
-            -1
+            i64::MAX
         } else {
             i64::from(filter.limit)
         };
-        self.read(|conn| {
-            query_all(
-                conn,
-                TABLE,
-                &sql,
-                &[&filter.status, &filter.pipeline, &limit, &filter.offset],
-                RunRecord::decode,
-            )
-        })
+        args.push(&limit);
+        args.push(&filter.offset);
+        let sql = format!(
+            "SELECT {COLUMNS} FROM pipeline_runs {where_clause} \
+             ORDER BY triggered_at DESC, id LIMIT ?{} OFFSET ?{}",
+            args.len() - 1,
+            args.len()
+        );
+        self.read(|conn| query_all(conn, TABLE, &sql, &args, RunRecord::decode))
     }
 
     /// Oldest first, the order in which the startup sweep should resume them.

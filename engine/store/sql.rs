@@ -201,7 +201,7 @@ pub(super) struct Cols<'a> {
 /// The driver's row.
 enum Row<'a> {
     Lite(&'a rusqlite::Row<'a>),
-    Pg(&'a postgres::Row),
+    Pg(&'a tokio_postgres::Row),
 }
 
 impl<'a> Cols<'a> {
@@ -212,7 +212,7 @@ impl<'a> Cols<'a> {
         }
     }
 
-    pub(super) fn pg(row: &'a postgres::Row, table: &'static str) -> Cols<'a> {
+    pub(super) fn pg(row: &'a tokio_postgres::Row, table: &'static str) -> Cols<'a> {
         Cols {
             row: Row::Pg(row),
             table,
@@ -260,18 +260,18 @@ impl<'a> Cols<'a> {
 /// Reads a PostgreSQL column by its type (BIGINT, INTEGER, DOUBLE PRECISION, TEXT,
 /// BOOLEAN: what the translated schema and our queries produce).
 fn pg_cell<T>(
-    row: &postgres::Row,
+    row: &tokio_postgres::Row,
     column: &str,
     decode: impl FnOnce(Cell<'_>) -> Result<T, String>,
 ) -> Result<T, String> {
-    use postgres::types::Type;
+    use tokio_postgres::types::Type;
     let idx = row
         .columns()
         .iter()
         .position(|c| c.name() == column)
         .ok_or_else(|| format!("no column {column} in the row"))?;
     let ty = row.columns()[idx].type_().clone();
-    let e = |e: postgres::Error| e.to_string();
+    let e = |e: tokio_postgres::Error| e.to_string();
     let cell = if ty == Type::INT8 {
         row.try_get::<_, Option<i64>>(idx)
             .map_err(e)?
@@ -332,13 +332,13 @@ pub(super) fn pg_args<'a>(args: Args<'a>) -> Vec<PgArg<'a>> {
 #[derive(Debug)]
 pub(super) struct PgArg<'a>(Value<'a>);
 
-impl postgres::types::ToSql for PgArg<'_> {
+impl tokio_postgres::types::ToSql for PgArg<'_> {
     fn to_sql(
         &self,
-        ty: &postgres::types::Type,
-        out: &mut postgres::types::private::BytesMut,
-    ) -> Result<postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        use postgres::types::{IsNull, Type};
+        ty: &tokio_postgres::types::Type,
+        out: &mut tokio_postgres::types::private::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        use tokio_postgres::types::{IsNull, Type};
         match self.0 {
             Value::Null => Ok(IsNull::Yes),
             Value::Int(i) if *ty == Type::INT4 => i32::try_from(i)?.to_sql(ty, out),
@@ -350,11 +350,11 @@ impl postgres::types::ToSql for PgArg<'_> {
         }
     }
 
-    fn accepts(_: &postgres::types::Type) -> bool {
+    fn accepts(_: &tokio_postgres::types::Type) -> bool {
         true
     }
 
-    postgres::types::to_sql_checked!();
+    tokio_postgres::types::to_sql_checked!();
 }
 
 /// What a write needs of a connection inside the writer's transaction: run one

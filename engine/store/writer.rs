@@ -310,6 +310,24 @@ impl Counters {
     }
 }
 
+/// What the writer thread needs of a database: one group transaction at a time,
+/// and its upkeep. SQLite's connection ([`Lite`]) and PostgreSQL's
+/// (`postgres::writer`) implement it; the thread, its queue, group commit and the
+/// store's health are the same for both.
+pub(super) trait GroupCommit: Send + 'static {
+    /// Applies every batch in one transaction, each inside its own savepoint so a
+    /// failing batch is undone alone.
+    fn attempt(&mut self, batches: &[&[Write]]) -> Attempt;
+
+    /// Why no group may be committed now (SQLite: the path names another file).
+    fn refuse(&mut self) -> Option<Error> {
+        None
+    }
+
+    /// After a group committed (SQLite keeps its WAL bounded here).
+    fn after_commit(&mut self) {}
+}
+
 /// The handle to the writer thread. Dropping it lets the thread finish every queued
 /// batch and close the connection before the drop returns, so a store reopened right
 /// afterwards (tests, restarts within a process) finds all of it committed.
@@ -320,7 +338,23 @@ pub(super) struct Writer {
 }
 
 impl Writer {
+    /// The writer of a SQLite store, owning its only read-write connection.
     pub(super) fn spawn(conn: Connection, health: Arc<Health>) -> Result<Writer, Error> {
+        let wal = wal_path(health.path());
+        let lite = Lite {
+            conn,
+            health: Arc::clone(&health),
+            wal,
+            last_unfinished: None,
+        };
+        Writer::spawn_with(lite, health)
+    }
+
+    /// The writer thread over any backend.
+    pub(super) fn spawn_with(
+        backend: impl GroupCommit,
+        health: Arc<Health>,
+    ) -> Result<Writer, Error> {
         let (tx, rx) = mpsc::channel::<Job>();
         let counters = Arc::new(Counters::default());
         let thread_counters = Arc::clone(&counters);
@@ -328,13 +362,10 @@ impl Writer {
             .name("vectorstep-store-writer".into())
             .spawn(move || {
                 let mut w = Thread {
-                    conn,
+                    backend,
                     counters: &thread_counters,
                     health,
-                    wal: PathBuf::new(),
-                    last_unfinished: None,
                 };
-                w.wal = wal_path(w.health.path());
                 w.run(rx)
             })
             .map_err(Error::SpawnWriter)?;
@@ -375,16 +406,13 @@ impl Drop for Writer {
 }
 
 /// The writer thread's state.
-struct Thread<'a> {
-    conn: Connection,
+struct Thread<'a, B> {
+    backend: B,
     counters: &'a Counters,
     health: Arc<Health>,
-    wal: PathBuf,
-    /// When a forced checkpoint last failed to finish.
-    last_unfinished: Option<Instant>,
 }
 
-impl Thread<'_> {
+impl<B: GroupCommit> Thread<'_, B> {
     fn run(&mut self, rx: mpsc::Receiver<Job>) {
         loop {
             let first = match rx.recv_timeout(TICK) {
@@ -410,7 +438,7 @@ impl Thread<'_> {
     /// Nothing queued for a second: notice a deleted database file even without
     /// traffic, and find out whether a store that failed can write again.
     fn idle_tick(&mut self) {
-        if self.health.check_file().is_some() {
+        if self.backend.refuse().is_some() {
             return;
         }
         if self.health.write_failing() {
@@ -429,8 +457,11 @@ impl Thread<'_> {
     }
 
     fn commit_group(&mut self, mut jobs: Vec<Job>, counted: bool) {
-        if let Some(detail) = self.health.check_file() {
-            let path = self.health.path().to_path_buf();
+        if let Some(refused) = self.backend.refuse() {
+            let (path, detail) = match &refused {
+                Error::FileReplaced { path, detail } => (path.clone(), detail.clone()),
+                other => (self.health.path().to_path_buf(), other.to_string()),
+            };
             for job in jobs {
                 let _ = job.reply.send(Err(Rejected {
                     error: Error::FileReplaced {
@@ -445,7 +476,8 @@ impl Thread<'_> {
         let counters = self.counters;
         // Each round either commits or removes the job that broke it, so this terminates.
         while !jobs.is_empty() {
-            match attempt(&mut self.conn, &jobs) {
+            let batches: Vec<&[Write]> = jobs.iter().map(|j| j.writes.as_slice()).collect();
+            match self.backend.attempt(&batches) {
                 Attempt::Committed(results) => {
                     self.health.write_succeeded();
                     let ok = results.iter().filter(|r| r.is_ok()).count();
@@ -466,7 +498,7 @@ impl Thread<'_> {
                         // The caller may have stopped waiting; its writes are committed anyway.
                         let _ = job.reply.send(reply);
                     }
-                    self.bound_wal();
+                    self.backend.after_commit();
                     return;
                 }
                 Attempt::Aborted { index, error } => {
@@ -485,14 +517,16 @@ impl Thread<'_> {
                         writes: job.writes,
                     }));
                 }
-                Attempt::Failed { stage, error } => {
+                Attempt::Failed {
+                    stage,
+                    message,
+                    retriable,
+                } => {
                     if self.health.write_failing() {
-                        debug!(%error, stage, "The store group transaction failed again.");
+                        debug!(error = %message, stage, "The store group transaction failed again.");
                     } else {
-                        error!(%error, stage, "The store group transaction failed.");
+                        error!(error = %message, stage, "The store group transaction failed.");
                     }
-                    let retriable = is_transient(&error);
-                    let message = error.to_string();
                     if retriable {
                         self.health.write_failed(&message);
                     }
@@ -511,7 +545,36 @@ impl Thread<'_> {
             }
         }
     }
+}
 
+/// The SQLite side of the writer: the only read-write connection and its WAL.
+struct Lite {
+    conn: Connection,
+    health: Arc<Health>,
+    wal: PathBuf,
+    /// When a forced checkpoint last failed to finish.
+    last_unfinished: Option<Instant>,
+}
+
+impl GroupCommit for Lite {
+    fn attempt(&mut self, batches: &[&[Write]]) -> Attempt {
+        attempt(&mut self.conn, batches)
+    }
+
+    fn refuse(&mut self) -> Option<Error> {
+        let detail = self.health.check_file()?;
+        Some(Error::FileReplaced {
+            path: self.health.path().to_path_buf(),
+            detail,
+        })
+    }
+
+    fn after_commit(&mut self) {
+        self.bound_wal();
+    }
+}
+
+impl Lite {
     /// Passive checkpoints (every `wal_autocheckpoint` pages) keep the WAL small as
     /// long as they can finish; readers holding old snapshots can stop them, and the
     /// WAL then grows with every commit. Past the bound, a truncating checkpoint waits
@@ -561,7 +624,7 @@ impl Thread<'_> {
 }
 
 /// How one attempt at committing a group ended.
-enum Attempt {
+pub(super) enum Attempt {
     /// Committed; one result per job, in order (failed batches carry their error).
     Committed(Vec<Result<Vec<Outcome>, Error>>),
     /// A failing write took the whole transaction down with it (SQLite does that for
@@ -570,7 +633,8 @@ enum Attempt {
     /// BEGIN or COMMIT failed: nothing in the group is durable.
     Failed {
         stage: &'static str,
-        error: rusqlite::Error,
+        message: String,
+        retriable: bool,
     },
 }
 
@@ -581,18 +645,23 @@ fn wal_path(db: &std::path::Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-fn attempt(conn: &mut Connection, jobs: &[Job]) -> Attempt {
+fn failed(stage: &'static str, error: rusqlite::Error) -> Attempt {
+    Attempt::Failed {
+        stage,
+        retriable: is_transient(&error),
+        message: error.to_string(),
+    }
+}
+
+fn attempt(conn: &mut Connection, batches: &[&[Write]]) -> Attempt {
     // IMMEDIATE takes the write lock up front, so a second process writing the same
     // file makes us wait at BEGIN (under the busy timeout) instead of failing midway.
     if let Err(error) = conn.execute_batch("BEGIN IMMEDIATE") {
-        return Attempt::Failed {
-            stage: "begun",
-            error,
-        };
+        return failed("begun", error);
     }
-    let mut replies = Vec::with_capacity(jobs.len());
-    for (index, job) in jobs.iter().enumerate() {
-        match apply_batch(conn, &job.writes) {
+    let mut replies = Vec::with_capacity(batches.len());
+    for (index, writes) in batches.iter().enumerate() {
+        match apply_batch(conn, writes) {
             Ok(outcomes) => replies.push(Ok(outcomes)),
             Err(error) => {
                 if conn.is_autocommit() {
@@ -607,10 +676,7 @@ fn attempt(conn: &mut Connection, jobs: &[Job]) -> Attempt {
         if !conn.is_autocommit() {
             let _ = conn.execute_batch("ROLLBACK");
         }
-        return Attempt::Failed {
-            stage: "committed",
-            error,
-        };
+        return failed("committed", error);
     }
     Attempt::Committed(replies)
 }

@@ -35,17 +35,18 @@ pub fn engine_with_config(pipelines: &[(&str, &str)], config_extra: &str) -> Scr
         std::fs::write(pdir.join(format!("{name}.yaml")), yaml).expect("write pipeline");
     }
     let cfg = dir.path().join("config.yaml");
+    let database = super::backend::Database::new(&dir.path().join("vs.db")).yaml();
     std::fs::write(
         &cfg,
         format!(
-            "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\ndatabase: {{path: ./vs.db}}\n{config_extra}"
+            "pipeline_config_dir: ./pipelines\nstep_library_dir: ./steps\n{database}\n{config_extra}"
         ),
     )
     .expect("write config");
     let config = Arc::new(Config::load(&cfg, true).expect("config").0);
     let (set, d) = vectorstep::pipeline::load(std::slice::from_ref(&pdir), &config);
     let set = set.unwrap_or_else(|| panic!("{d}"));
-    let store = Store::open(&config.database_path).expect("store");
+    let store = Store::open_configured(&config).expect("store");
     let engine = Engine::new(
         config.clone(),
         set,

@@ -97,12 +97,12 @@ impl Intake {
             "server: {{host: 127.0.0.1, port: 0{server_extra}}}\n\
              pipeline_config_dir: {pipelines:?}\n\
              step_library_dir: {steps:?}\n\
-             database: {{path: {db:?}}}\n\
+             {db}\n\
              logging: {{level: warn}}\n\
              {extra}\n",
             pipelines = root.join("pipelines").display().to_string(),
             steps = root.join("steps").display().to_string(),
-            db = scratch.db_path().display().to_string(),
+            db = scratch.database.yaml(),
         );
         std::fs::write(scratch.config_path(), text).unwrap();
         for (file, yaml) in pipelines {

@@ -8,6 +8,7 @@
 //! - `telegram`: a fake Telegram Bot API server;
 //! - `intake`, `approvals`: harnesses for the service and approval tests;
 //! - `postgres`: a real, throwaway PostgreSQL server;
+//! - `backend`: which store the tests run on (`VECTORSTEP_TEST_BACKEND`);
 //! - `executors`: an executor call built by hand;
 //! - `tool_agent`: an agent with one tool that needs approval, and its fake peer.
 //!
@@ -17,6 +18,7 @@
 #![allow(dead_code)]
 
 pub mod approvals;
+pub mod backend;
 pub mod engine;
 pub mod executors;
 pub mod intake;

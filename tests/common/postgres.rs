@@ -192,7 +192,10 @@ impl Postgres {
         *self.child.lock().expect("child") = Some(keeper().spawn(cmd));
         let t = Instant::now();
         loop {
-            if postgres_client(&self.url("postgres")).is_ok() {
+            let url = self.url("postgres");
+            // Off any tokio worker: see `postgres_client`.
+            let up = std::thread::scope(|s| s.spawn(|| postgres_client(&url).is_ok()).join());
+            if up.unwrap_or(false) {
                 return;
             }
             assert!(
@@ -221,9 +224,18 @@ impl Postgres {
             std::process::id(),
             N.fetch_add(1, Ordering::SeqCst)
         );
-        let mut c = postgres_client(&self.url("postgres")).expect("connect to postgres");
-        c.batch_execute(&format!("CREATE DATABASE {name}"))
-            .expect("create database");
+        let admin = self.url("postgres");
+        // On a thread of its own: the synchronous client starts a runtime per call,
+        // which tokio refuses on a test's async worker.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut c = postgres_client(&admin).expect("connect to postgres");
+                c.batch_execute(&format!("CREATE DATABASE {name}"))
+                    .expect("create database");
+            })
+            .join()
+            .expect("create the database");
+        });
         self.url(&name)
     }
 
@@ -272,6 +284,8 @@ impl Drop for Postgres {
 }
 
 /// A synchronous client for `url` (for set-up and for reading what the server holds).
+/// It starts a runtime per call, so it must not be used on a tokio worker (async
+/// tests read through `vectorstep::store::Store` instead).
 pub fn postgres_client(url: &str) -> Result<postgres::Client, postgres::Error> {
     postgres::Client::connect(url, postgres::NoTls)
 }

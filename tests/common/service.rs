@@ -31,6 +31,9 @@ const POLL: Duration = Duration::from_millis(20);
 pub struct Scratch {
     _tmp: tempfile::TempDir,
     pub root: PathBuf,
+    /// The store: the SQLite file at [`Scratch::db_path`], or a PostgreSQL
+    /// database (`common::backend`).
+    pub database: super::backend::Database,
 }
 
 impl Default for Scratch {
@@ -50,7 +53,12 @@ impl Scratch {
         let root = tmp.path().to_path_buf();
         std::fs::create_dir_all(root.join("pipelines")).unwrap();
         std::fs::create_dir_all(root.join("steps")).unwrap();
-        let s = Scratch { _tmp: tmp, root };
+        let database = super::backend::Database::new(&root.join("data").join("vectorstep.db"));
+        let s = Scratch {
+            _tmp: tmp,
+            root,
+            database,
+        };
         s.write_config("");
         s
     }
@@ -72,13 +80,13 @@ impl Scratch {
             "server: {{host: 127.0.0.1, port: 0}}\n\
              pipeline_config_dir: {pipelines:?}\n\
              step_library_dir: {steps:?}\n\
-             database: {{path: {db:?}}}\n\
+             {db}\n\
              dedup: {{enabled: false, window_seconds: 300}}\n\
              logging: {{level: warn}}\n\
              {extra}\n",
             pipelines = self.root.join("pipelines").display().to_string(),
             steps = self.root.join("steps").display().to_string(),
-            db = self.db_path().display().to_string(),
+            db = self.database.yaml(),
         );
         std::fs::write(self.config_path(), text).unwrap();
     }
@@ -95,7 +103,7 @@ impl Scratch {
     /// Opens the store the service uses (only while no service runs on it, or for
     /// reading).
     pub fn open_store(&self) -> vectorstep::store::Store {
-        vectorstep::store::Store::open(&self.db_path()).expect("open the store")
+        self.database.open()
     }
 }
 

@@ -1,21 +1,27 @@
 //! The PostgreSQL side of the store, for several replicas sharing one database
-//! (`database.url`). Being built. So far: the schema (`schema`), which is the SQLite
-//! schema translated, version for version, so both backends always hold the same
-//! tables, columns and rules; and the writes (`db`, [`apply_batch`]): every `Write`
-//! runs the very statements it runs on SQLite, through the same `Db` trait, with
-//! the same outcomes; and the first reads (`run_with_steps`), through the read
-//! functions the SQLite store uses. The connection owner with group commit, the
-//! other reads and the leases follow, behind the same contract as the SQLite
-//! store (see `store`).
+//! (`database.url`): the same contract as the SQLite store (see `store`), the same
+//! statements and the same schema.
+//! - `schema`: the SQLite migrations translated, version for version, so both
+//!   backends always hold the same tables, columns and rules; applied under an
+//!   advisory lock.
+//! - `conn`: one connection, usable from any thread (its I/O runs on the store's
+//!   own runtime thread); it implements the `Db` trait every table file's
+//!   statements run through, so every `Write` runs the very statements it runs on
+//!   SQLite, with the same outcomes.
+//! - `writer`: the writer thread's group commit over one connection, made again
+//!   after the server or the network dropped it.
+//! - `pool`: connections for reads.
 //!
-//! Like SQLite's connections, PostgreSQL clients here are synchronous
-//! (`postgres::Client`) and owned by the store's own threads: the engine never holds
-//! one across an await, and never holds a transaction across a step.
+//! The engine never holds a connection across an await, and never holds a
+//! transaction across a step: a transaction lives inside one group commit.
 
-mod db;
-pub mod schema;
+mod conn;
 
-use super::{Error, Outcome, Write};
+pub(crate) mod pool;
+pub(crate) mod schema;
+pub(crate) mod writer;
+
+pub(crate) use conn::PgConn;
 
 pub use super::error::{detail, PgError};
 
@@ -33,38 +39,31 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// A synchronous client for `url`, without TLS (the database is expected on a
-/// private network or the same host; TLS is not built in yet).
-pub fn connect(url: &str) -> Result<postgres::Client, PgError> {
-    postgres::Client::connect(url, postgres::NoTls).map_err(|source| PgError::Connect {
-        url: redact(url),
-        source,
-    })
+/// A session-level advisory lock, held while this value lives (its connection
+/// stays open for that long; the server releases the lock when the connection
+/// ends, a crash included).
+pub struct SessionLock {
+    _conn: PgConn,
 }
 
-/// Applies one batch atomically in its own transaction, with one [`Outcome`] per
-/// write: all of it or, naming the failing write, none of it. (The PostgreSQL
-/// writer will group several batches per transaction, as SQLite's does.)
-pub fn apply_batch(client: &mut postgres::Client, writes: &[Write]) -> Result<Vec<Outcome>, Error> {
-    let tx = db::PgTx::new(client.transaction().map_err(PgError::Db)?);
-    let outcomes = super::writer::apply_writes(&tx, writes)?;
-    tx.commit().map_err(PgError::Db)?;
-    Ok(outcomes)
+/// The advisory lock key a `serve` holds for its lifetime on PostgreSQL ("serve"
+/// in ASCII), while one `serve` per database is all the engine supports.
+pub const SERVE_LOCK: i64 = 0x7365_7276_65;
+
+/// Takes the session advisory lock `key` on a connection of its own, or `None`
+/// when another session holds it.
+pub fn try_session_lock(url: &str, key: i64) -> Result<Option<SessionLock>, PgError> {
+    let conn = PgConn::connect(url)?;
+    let rows = conn.query_raw("SELECT pg_try_advisory_lock($1)", &[&key])?;
+    let got: bool = rows.first().map(|r| r.get(0)).unwrap_or(false);
+    Ok(got.then_some(SessionLock { _conn: conn }))
 }
 
-/// The run `id` and its step records, read with the statements the SQLite store
-/// reads them with (`Store::run`, `Store::steps`), in one transaction.
-pub fn run_with_steps(
-    client: &mut postgres::Client,
-    id: &str,
-) -> Result<Option<(super::RunRecord, Vec<super::StepRecord>)>, Error> {
-    let tx = db::PgTx::new(client.transaction().map_err(PgError::Db)?);
-    let Some(run) = super::runs::by_id(&tx, id)? else {
-        return Ok(None);
-    };
-    let steps = super::steps::of_run(&tx, id)?;
-    tx.commit().map_err(PgError::Db)?;
-    Ok(Some((run, steps)))
+/// Connects to `url` and brings its schema up to date (what `Store::open_postgres`
+/// does first); the versions it applied. For tools and tests that migrate a
+/// database without opening a store.
+pub fn migrate(url: &str) -> Result<Vec<i64>, PgError> {
+    schema::apply(&PgConn::connect(url)?)
 }
 
 #[cfg(test)]

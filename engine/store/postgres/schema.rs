@@ -9,6 +9,7 @@
 //! since 1970 need BIGINT; REAL is a double in SQLite, a float in PostgreSQL) and the
 //! events table's generated key.
 
+use super::conn::PgConn;
 use super::PgError;
 
 /// SQLite DDL rewritten for PostgreSQL. Pure: words are replaced whole, never
@@ -67,68 +68,84 @@ const MIGRATION_LOCK: i64 = 0x7665_6374_6f72_7374;
 /// mid-migration leaves the previous version intact; the whole pass holds a session
 /// advisory lock, so two replicas starting at once apply each version once (the
 /// second finds them recorded).
-pub fn apply(client: &mut postgres::Client) -> Result<Vec<i64>, PgError> {
-    apply_list(client, super::super::migrations::MIGRATIONS)
+pub(crate) fn apply(conn: &PgConn) -> Result<Vec<i64>, PgError> {
+    apply_list(conn, super::super::migrations::MIGRATIONS)
 }
 
-pub fn apply_list(
-    client: &mut postgres::Client,
+pub(crate) fn apply_list(
+    conn: &PgConn,
     migrations: &'static [(&'static str, &'static str)],
 ) -> Result<Vec<i64>, PgError> {
-    client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
-    let result = apply_locked(client, migrations);
+    conn.execute_raw("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
+    let result = apply_locked(conn, migrations);
     // Released on every path; a dropped connection releases it too.
-    let unlocked = client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]);
+    let unlocked = conn.execute_raw("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK]);
     let applied = result?;
     unlocked?;
     Ok(applied)
 }
 
 fn apply_locked(
-    client: &mut postgres::Client,
+    conn: &PgConn,
     migrations: &'static [(&'static str, &'static str)],
 ) -> Result<Vec<i64>, PgError> {
-    client.batch_execute(
+    conn.batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
              version    BIGINT PRIMARY KEY,
              applied_at BIGINT
          )",
     )?;
     let known = i64::try_from(migrations.len()).unwrap_or(i64::MAX);
-    let newest: Option<i64> = client
-        .query_one("SELECT MAX(version) FROM schema_migrations", &[])?
-        .get(0);
+    let newest: Option<i64> = conn
+        .query_raw("SELECT MAX(version) FROM schema_migrations", &[])?
+        .first()
+        .and_then(|row| row.get(0));
     if let Some(found) = newest.filter(|v| *v > known) {
         return Err(PgError::SchemaTooNew { found, known });
     }
     let mut applied = Vec::new();
     for (version, (name, sql)) in (1_i64..).zip(migrations.iter()) {
-        let mut tx = client.transaction()?;
-        let done: bool = tx
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version = $1)",
-                &[&version],
-            )?
-            .get(0);
-        if done {
-            continue;
+        conn.batch("BEGIN")?;
+        match apply_one(conn, version, name, sql) {
+            Ok(true) => {
+                conn.batch("COMMIT")?;
+                tracing::info!(version, name = *name, "PostgreSQL migration applied.");
+                applied.push(version);
+            }
+            Ok(false) => conn.batch("ROLLBACK")?,
+            Err(e) => {
+                let _ = conn.batch("ROLLBACK");
+                return Err(e);
+            }
         }
-        tx.batch_execute(&translate(sql))
-            .map_err(|source| PgError::Migration {
-                version,
-                name,
-                source,
-            })?;
-        let now = super::super::connection::now_ms();
-        tx.execute(
-            "INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)",
-            &[&version, &now],
-        )?;
-        tx.commit()?;
-        tracing::info!(version, name = *name, "PostgreSQL migration applied.");
-        applied.push(version);
     }
     Ok(applied)
+}
+
+/// Applies one migration inside the caller's transaction unless it is recorded;
+/// whether it applied it.
+fn apply_one(conn: &PgConn, version: i64, name: &'static str, sql: &str) -> Result<bool, PgError> {
+    let done = !conn
+        .query_raw(
+            "SELECT 1 FROM schema_migrations WHERE version = $1",
+            &[&version],
+        )?
+        .is_empty();
+    if done {
+        return Ok(false);
+    }
+    conn.batch(&translate(sql))
+        .map_err(|source| PgError::Migration {
+            version,
+            name,
+            source,
+        })?;
+    let now = super::super::connection::now_ms();
+    conn.execute_raw(
+        "INSERT INTO schema_migrations (version, applied_at) VALUES ($1, $2)",
+        &[&version, &now],
+    )?;
+    Ok(true)
 }
 
 #[cfg(test)]

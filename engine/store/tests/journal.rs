@@ -483,7 +483,7 @@ fn pruning_a_run_deletes_its_journal() {
         (live.turns.len(), live.calls.len(), live.delegations.len()),
         (2, 1, 1)
     );
-    let left: i64 = raw(store.path())
+    let left: i64 = raw(store.path().expect("a SQLite store"))
         .query_row(
             "SELECT (SELECT COUNT(*) FROM agent_turns WHERE run_id = 'old')
                   + (SELECT COUNT(*) FROM tool_calls WHERE run_id = 'old')
