@@ -48,7 +48,7 @@ pub struct SessionLock {
 
 /// The advisory lock key a `serve` holds for its lifetime on PostgreSQL ("serve"
 /// in ASCII), while one `serve` per database is all the engine supports.
-pub const SERVE_LOCK: i64 = 0x7365_7276_65;
+pub const SERVE_LOCK: i64 = 0x0073_6572_7665;
 
 /// Takes the session advisory lock `key` on a connection of its own, or `None`
 /// when another session holds it.
