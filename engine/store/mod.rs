@@ -75,6 +75,7 @@ pub mod lock;
 mod migrations;
 mod notifications;
 pub mod postgres;
+mod replicas;
 mod runs;
 mod sql;
 mod steps;
@@ -97,6 +98,7 @@ pub use journal::{
     is_within, root_of, DelegationRecord, StepJournal, ToolCallRecord, TurnRecord, DELEGATE_INFIX,
 };
 pub use notifications::NotificationRecord;
+pub use replicas::{LeaseRecord, NamedLeaseRecord, ReplicaKind, ReplicaRecord};
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
 pub use steps::StepRecord;
 pub use writer::{Outcome, Rejected, StoreStats, Write};

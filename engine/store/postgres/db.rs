@@ -32,6 +32,9 @@ fn params<'b>(args: &'b [PgArg<'b>]) -> Vec<&'b (dyn postgres::types::ToSql + Sy
 }
 
 impl Db for PgTx<'_> {
+    fn now_ms_sql(&self) -> &'static str {
+        super::super::sql::POSTGRES_NOW_MS
+    }
     fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {
         let bound = pg_args(args);
         let n = self
