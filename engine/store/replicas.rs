@@ -483,7 +483,7 @@ impl Store {
     /// Every replica that ever heartbeat on this store, by id, with the running
     /// runs each holds.
     pub fn replicas(&self) -> Result<Vec<ReplicaRecord>, Error> {
-        self.read(|conn| all(conn))
+        self.read(all)
     }
 
     /// The lease of a run, if it was ever leased.
@@ -517,6 +517,6 @@ impl Store {
 
     /// The database's clock (unix ms): the clock every lease time is on.
     pub fn db_now_ms(&self) -> Result<i64, Error> {
-        self.read(|conn| now_ms(conn))
+        self.read(now_ms)
     }
 }
