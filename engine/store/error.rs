@@ -67,6 +67,25 @@ pub enum Error {
     #[error("{0}")]
     Postgres(#[from] PgError),
 
+    /// The batch began with a `Write::Fence` for a run whose lease is no longer the
+    /// writer's (another replica claimed it, or the writer released it): nothing of
+    /// the batch was applied, and the writer must stop driving the run. Never
+    /// retriable: the lease does not come back by waiting.
+    #[error(
+        "run {run_id} is no longer leased to this replica ({}); nothing of the batch \
+         was applied and the run must not be driven from here",
+        holder(owner.as_deref(), *epoch, *released)
+    )]
+    Fenced {
+        run_id: String,
+        /// Who holds the lease now (`None`: nobody, the run was never leased or is gone).
+        owner: Option<String>,
+        /// The lease's current epoch (0: never leased).
+        epoch: u64,
+        /// The current holder released it at a step boundary.
+        released: bool,
+    },
+
     #[error("the store's writer thread has stopped")]
     WriterGone,
 
@@ -116,6 +135,7 @@ impl Error {
             } => is_transient_pg(e),
             Error::Transaction { retriable, .. } => *retriable,
             Error::FileReplaced { .. } => true,
+            Error::Fenced { .. } => false,
             _ => false,
         }
     }
@@ -180,6 +200,23 @@ pub enum DbError {
     /// A row the write read back could not be decoded.
     #[error("{0}")]
     Row(Box<Error>),
+    /// `Write::Fence` refused the batch; becomes [`Error::Fenced`].
+    #[error("run {run_id} is fenced ({})", holder(owner.as_deref(), *epoch, *released))]
+    Fenced {
+        run_id: String,
+        owner: Option<String>,
+        epoch: u64,
+        released: bool,
+    },
+}
+
+/// Who holds a lease, in words.
+fn holder(owner: Option<&str>, epoch: u64, released: bool) -> String {
+    match (owner, released) {
+        (None, _) => format!("it is leased to nobody, epoch {epoch}"),
+        (Some(o), false) => format!("{o} holds it under epoch {epoch}"),
+        (Some(o), true) => format!("{o} released it under epoch {epoch}"),
+    }
 }
 
 impl From<DbError> for Error {
@@ -188,6 +225,17 @@ impl From<DbError> for Error {
             DbError::Sqlite(e) => Error::Sqlite(e),
             DbError::Postgres(e) => Error::Postgres(PgError::Db(e)),
             DbError::Row(e) => *e,
+            DbError::Fenced {
+                run_id,
+                owner,
+                epoch,
+                released,
+            } => Error::Fenced {
+                run_id,
+                owner,
+                epoch,
+                released,
+            },
         }
     }
 }

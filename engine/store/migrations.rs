@@ -19,6 +19,7 @@ pub(super) const MIGRATIONS: &[(&str, &str)] = &[
     ("0004_partial_parent_index", PARTIAL_PARENT_INDEX),
     ("0005_run_owner", RUN_OWNER),
     ("0006_agent_journal", AGENT_JOURNAL),
+    ("0007_replicas", REPLICAS),
 ];
 
 /// A run created by `vectorstep run` records the process that owns it (the name of
@@ -224,6 +225,46 @@ CREATE TABLE agent_delegations (
     started_at   INTEGER NOT NULL,
     finished_at  INTEGER,
     PRIMARY KEY (run_id, step_path, key)
+);
+";
+
+/// Several replicas sharing one PostgreSQL store (SPEC 11; see `store::replicas`).
+/// `replicas` is what each replica publishes (heartbeat, the pipeline fingerprints
+/// it has loaded); the `lease_*` columns are a run's lease: owner, epoch (0: never
+/// leased), expiry on the database's clock, and whether it was released at a step
+/// boundary. The heartbeat renews "the running runs leased to me" in one statement,
+/// hence the partial index. `named_leases` holds singletons (the Telegram poller),
+/// `schedule_ticks` each schedule's next due tick, advanced by compare-and-set so a
+/// cron tick fires once across replicas. SQLite gets the same tables (one schema),
+/// where a single node simply never leases.
+const REPLICAS: &str = "
+CREATE TABLE replicas (
+    id                TEXT PRIMARY KEY NOT NULL,
+    kind              TEXT NOT NULL CHECK (kind IN ('serve', 'run')),
+    started_at        INTEGER NOT NULL,
+    heartbeat_at      INTEGER NOT NULL,
+    stopped_at        INTEGER,
+    fingerprints_json TEXT NOT NULL DEFAULT '[]',
+    host              TEXT
+);
+
+ALTER TABLE pipeline_runs ADD COLUMN lease_owner TEXT;
+ALTER TABLE pipeline_runs ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pipeline_runs ADD COLUMN lease_expires_at INTEGER;
+ALTER TABLE pipeline_runs ADD COLUMN lease_released INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX ix_pipeline_runs_lease_owner ON pipeline_runs (lease_owner)
+    WHERE status = 'running';
+
+CREATE TABLE named_leases (
+    name       TEXT PRIMARY KEY NOT NULL,
+    owner      TEXT NOT NULL,
+    epoch      INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+
+CREATE TABLE schedule_ticks (
+    pipeline_name TEXT PRIMARY KEY NOT NULL,
+    next_due_at   INTEGER NOT NULL
 );
 ";
 

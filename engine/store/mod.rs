@@ -76,6 +76,7 @@ pub mod lock;
 mod migrations;
 mod notifications;
 pub mod postgres;
+mod replicas;
 mod runs;
 mod sql;
 mod steps;
@@ -98,6 +99,7 @@ pub use journal::{
     is_within, root_of, DelegationRecord, StepJournal, ToolCallRecord, TurnRecord, DELEGATE_INFIX,
 };
 pub use notifications::NotificationRecord;
+pub use replicas::{LeaseRecord, NamedLeaseRecord, ReplicaKind, ReplicaRecord};
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
 pub use steps::StepRecord;
 pub use writer::{Outcome, Rejected, StoreStats, Write};
@@ -141,6 +143,13 @@ pub(crate) enum Reader<'a> {
 }
 
 impl Db for Reader<'_> {
+    fn now_ms_sql(&self) -> &'static str {
+        match self {
+            Reader::Lite(c) => c.now_ms_sql(),
+            Reader::Pg(c) => c.now_ms_sql(),
+        }
+    }
+
     fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {
         match self {
             Reader::Lite(c) => c.exec(sql, args),

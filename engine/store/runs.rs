@@ -50,13 +50,13 @@ const INSERT: &str = "INSERT INTO pipeline_runs (id, pipeline_name, status, sour
     tokens_used, cost_usd, terminal_step, reason, final_output_json) VALUES (?1, ?2, ?3, \
     ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)";
 
-const COLUMNS: &str = "id, pipeline_name, status, source, team, stage, triggered_at, \
+pub(super) const COLUMNS: &str = "id, pipeline_name, status, source, team, stage, triggered_at, \
     completed_at, resumed_at, resume_count, config_fingerprint, parent_run_id, \
     parent_step_path, dedup_fingerprint, context_json, payload_json, tokens_used, cost_usd, \
     terminal_step, reason, final_output_json";
 
 impl RunRecord {
-    fn decode(c: &Cols) -> Result<Self, Error> {
+    pub(super) fn decode(c: &Cols) -> Result<Self, Error> {
         Ok(RunRecord {
             id: c.get("id")?,
             pipeline_name: c.get("pipeline_name")?,

@@ -381,9 +381,25 @@ pub(super) trait Db {
         args: Args<'_>,
         decode: impl Fn(&Cols) -> Result<T, Error>,
     ) -> Result<Vec<T>, DbError>;
+
+    /// The SQL expression for the database's clock in unix milliseconds, spliced
+    /// into statements whose times must not come from a replica's own (possibly
+    /// skewed) clock: leases, heartbeats (see `replicas`).
+    fn now_ms_sql(&self) -> &'static str;
 }
 
+/// [`Db::now_ms_sql`] on SQLite (3.42+ for `subsec`; the bundled SQLite is newer).
+pub(super) const SQLITE_NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+
+/// [`Db::now_ms_sql`] on PostgreSQL: `clock_timestamp()`, not `now()`, which is
+/// frozen at the start of the transaction and a group may stay open a while.
+pub(super) const POSTGRES_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+
 impl Db for rusqlite::Connection {
+    fn now_ms_sql(&self) -> &'static str {
+        SQLITE_NOW_MS
+    }
+
     fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {
         // Cached: most statements run for every step record, thousands a second.
         Ok(self.prepare_cached(sql)?.execute(lite(args))?)

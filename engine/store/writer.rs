@@ -29,10 +29,10 @@ use super::error::is_transient;
 use super::error::DbError;
 use super::health::Health;
 use super::sql::Db;
-use super::{approvals, events, journal, kv, notifications, runs, steps};
+use super::{approvals, events, journal, kv, notifications, replicas, runs, steps};
 use super::{
-    ApprovalRecord, DelegationRecord, Error, EventRecord, NotificationRecord, RunRecord,
-    StepRecord, ToolCallRecord, TurnRecord,
+    ApprovalRecord, DelegationRecord, Error, EventRecord, NotificationRecord, ReplicaKind,
+    RunRecord, StepRecord, ToolCallRecord, TurnRecord,
 };
 use crate::domain::{ApprovalStatus, NotificationStatus, RunStatus};
 
@@ -131,6 +131,91 @@ pub enum Write {
     UpsertToolCall(ToolCallRecord),
     /// Inserts or completely replaces the delegation at `(run_id, step_path, key)`.
     UpsertDelegation(DelegationRecord),
+    // Leases among replicas (SPEC 11, `store::replicas`). Every time is the
+    // database's clock; `lease_ms` is added to it.
+    /// Upserts the replica's row (`heartbeat_at` = now, `started_at` = now only when
+    /// new, `kind`, `fingerprints_json` (a JSON array of strings) and `host` replaced;
+    /// `stopped_at` untouched), then renews in one statement every lease `replica`
+    /// holds on a running run that is neither released nor expired, to now +
+    /// `lease_ms`. An expired lease is not renewed (another replica may be adopting
+    /// it). [`Outcome::Renewed`] with the number of leases renewed.
+    Heartbeat {
+        replica: String,
+        kind: ReplicaKind,
+        fingerprints_json: String,
+        host: Option<String>,
+        lease_ms: u64,
+    },
+    /// Compare-and-set of a running run's lease: sets owner `replica`, epoch
+    /// `expected_epoch + 1`, expiry now + `lease_ms`, not released, only if the
+    /// lease's epoch is still `expected_epoch` and it is free (never leased,
+    /// released, expired) or already `replica`'s. [`Outcome::Claimed`] with the new
+    /// epoch, [`Outcome::ClaimLost`] with the lease as it is now, or
+    /// [`Outcome::NotRunning`] for a run missing or finished.
+    ClaimRun {
+        run_id: String,
+        replica: String,
+        expected_epoch: u64,
+        lease_ms: u64,
+    },
+    /// Applied only if an insert earlier in the batch inserted its run (like the
+    /// `...IfInserted` writes; `Outcome::Done` otherwise): leases the new run to
+    /// `replica` under epoch 1 until now + `lease_ms`, in the run's own commit.
+    /// [`Outcome::Claimed`] `{ epoch: 1 }`.
+    LeaseNewRun {
+        run_id: String,
+        replica: String,
+        lease_ms: u64,
+    },
+    /// Put first in every batch that writes for a leased run: if the run's lease is
+    /// still `(replica, epoch)` and not released (whatever the run's status, so the
+    /// batch that finishes a run is fenced too), it locks the run's row until the
+    /// batch commits (`Outcome::Done`), so a takeover waits for the batch. Otherwise
+    /// the whole batch fails with [`Error::Fenced`] naming the holder (never
+    /// retriable). A run never leased (epoch 0, as on a single SQLite node) or
+    /// missing refuses every fence, with `owner: None`.
+    Fence {
+        run_id: String,
+        replica: String,
+        epoch: u64,
+    },
+    /// Releases the lease at a step boundary (SIGTERM handoff) if it is `(replica,
+    /// epoch)`, released already or not: `Outcome::Done`; else
+    /// [`Outcome::NotHeld`]. A released lease can be claimed at once, and fences of
+    /// its epoch are refused.
+    ReleaseLease {
+        run_id: String,
+        replica: String,
+        epoch: u64,
+    },
+    /// Sets the replica's `stopped_at` to now. `Outcome::Done`.
+    StopReplica {
+        replica: String,
+    },
+    /// Takes the named lease (a singleton such as the Telegram poller) if it is new
+    /// (epoch 1) or expired (next epoch), or renews it if `owner` holds it (same
+    /// epoch), until now + `lease_ms`. [`Outcome::NamedLeaseHeld`] or
+    /// [`Outcome::NamedLeaseBusy`].
+    AcquireNamedLease {
+        name: String,
+        owner: String,
+        lease_ms: u64,
+    },
+    /// Expires the named lease now if `owner` holds it (unexpired), so another
+    /// takes it at once: `Outcome::Done`; else [`Outcome::NotHeld`].
+    ReleaseNamedLease {
+        name: String,
+        owner: String,
+    },
+    /// Compare-and-set of a schedule's next due tick: sets it to `next_due_at` if
+    /// it is `expected_due_at` (`None`: only if the schedule has none yet).
+    /// [`Outcome::ScheduleAdvanced`], or [`Outcome::ScheduleRaced`] with the tick
+    /// as it is (another replica fired it).
+    AdvanceSchedule {
+        pipeline: String,
+        expected_due_at: Option<i64>,
+        next_due_at: i64,
+    },
 }
 
 /// What a write did; one per write, in the order of the batch. Outcomes other than
@@ -159,6 +244,36 @@ pub enum Outcome {
     /// `PruneFinishedBefore` deleted this many runs.
     Pruned {
         runs: u64,
+    },
+    /// `Heartbeat` renewed this many leases.
+    Renewed {
+        runs: u64,
+    },
+    /// `ClaimRun`/`LeaseNewRun`: the run is leased to the writer under `epoch`.
+    Claimed {
+        epoch: u64,
+    },
+    /// `ClaimRun`: the lease moved on or is another replica's live lease; this is
+    /// it now (`owner: None`: never leased, the expected epoch was wrong).
+    ClaimLost {
+        owner: Option<String>,
+        epoch: u64,
+    },
+    /// `ReleaseLease`/`ReleaseNamedLease`: the writer does not hold that lease.
+    NotHeld,
+    /// `AcquireNamedLease`: the writer holds the named lease under `epoch`.
+    NamedLeaseHeld {
+        epoch: u64,
+    },
+    /// `AcquireNamedLease`: `owner` holds it until `expires_at` (database clock).
+    NamedLeaseBusy {
+        owner: String,
+        expires_at: i64,
+    },
+    ScheduleAdvanced,
+    /// `AdvanceSchedule` found another tick (`None`: the schedule has none).
+    ScheduleRaced {
+        next_due_at: Option<i64>,
     },
 }
 
@@ -198,6 +313,15 @@ impl Write {
             Write::UpsertTurn(_) => "UpsertTurn",
             Write::UpsertToolCall(_) => "UpsertToolCall",
             Write::UpsertDelegation(_) => "UpsertDelegation",
+            Write::Heartbeat { .. } => "Heartbeat",
+            Write::ClaimRun { .. } => "ClaimRun",
+            Write::LeaseNewRun { .. } => "LeaseNewRun",
+            Write::Fence { .. } => "Fence",
+            Write::ReleaseLease { .. } => "ReleaseLease",
+            Write::StopReplica { .. } => "StopReplica",
+            Write::AcquireNamedLease { .. } => "AcquireNamedLease",
+            Write::ReleaseNamedLease { .. } => "ReleaseNamedLease",
+            Write::AdvanceSchedule { .. } => "AdvanceSchedule",
         }
     }
 
@@ -259,6 +383,53 @@ impl Write {
             Write::UpsertTurn(turn) => journal::upsert_turn(db, turn),
             Write::UpsertToolCall(call) => journal::upsert_call(db, call),
             Write::UpsertDelegation(d) => journal::upsert_delegation(db, d),
+            Write::Heartbeat {
+                replica,
+                kind,
+                fingerprints_json,
+                host,
+                lease_ms,
+            } => replicas::heartbeat(
+                db,
+                replica,
+                *kind,
+                fingerprints_json,
+                host.as_deref(),
+                *lease_ms,
+            ),
+            Write::ClaimRun {
+                run_id,
+                replica,
+                expected_epoch,
+                lease_ms,
+            } => replicas::claim(db, run_id, replica, *expected_epoch, *lease_ms),
+            Write::LeaseNewRun {
+                run_id,
+                replica,
+                lease_ms,
+            } => replicas::lease_new(db, run_id, replica, *lease_ms),
+            Write::Fence {
+                run_id,
+                replica,
+                epoch,
+            } => replicas::fence(db, run_id, replica, *epoch),
+            Write::ReleaseLease {
+                run_id,
+                replica,
+                epoch,
+            } => replicas::release(db, run_id, replica, *epoch),
+            Write::StopReplica { replica } => replicas::stop(db, replica),
+            Write::AcquireNamedLease {
+                name,
+                owner,
+                lease_ms,
+            } => replicas::acquire_named(db, name, owner, *lease_ms),
+            Write::ReleaseNamedLease { name, owner } => replicas::release_named(db, name, owner),
+            Write::AdvanceSchedule {
+                pipeline,
+                expected_due_at,
+                next_due_at,
+            } => replicas::advance_schedule(db, pipeline, *expected_due_at, *next_due_at),
         }
     }
 }
@@ -690,7 +861,9 @@ pub(super) fn apply_writes(db: &impl Db, writes: &[Write]) -> Result<Vec<Outcome
     for (index, write) in writes.iter().enumerate() {
         let conditional = matches!(
             write,
-            Write::AppendEventIfInserted(_) | Write::UpsertStepIfInserted(_)
+            Write::AppendEventIfInserted(_)
+                | Write::UpsertStepIfInserted(_)
+                | Write::LeaseNewRun { .. }
         );
         if conditional && !inserted {
             outcomes.push(Outcome::Done);
@@ -701,6 +874,9 @@ pub(super) fn apply_writes(db: &impl Db, writes: &[Write]) -> Result<Vec<Outcome
                 inserted |= outcome == Outcome::RunInserted;
                 outcomes.push(outcome)
             }
+            // A refused fence is the caller's answer, not a broken write: it says
+            // who holds the run now.
+            Err(source @ DbError::Fenced { .. }) => return Err(source.into()),
             Err(source) => {
                 return Err(Error::Write {
                     index,

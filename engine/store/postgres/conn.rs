@@ -74,7 +74,9 @@ impl PgConn {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
         config.keepalives(true);
-        config.application_name("vectorstep");
+        if config.get_application_name().is_none() {
+            config.application_name("vectorstep");
+        }
         let connecting = io()?.spawn(async move {
             let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
             tokio::spawn(async move {
@@ -147,6 +149,10 @@ fn params<'b>(args: &'b [PgArg<'b>]) -> Vec<&'b (dyn ToSql + Sync)> {
 }
 
 impl Db for PgConn {
+    fn now_ms_sql(&self) -> &'static str {
+        super::super::sql::POSTGRES_NOW_MS
+    }
+
     fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {
         let st = self.statement(sql)?;
         let bound = pg_args(args);
