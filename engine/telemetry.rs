@@ -17,6 +17,8 @@ pub const APPROVALS_PENDING: &str = "vectorstep_human_approvals_pending";
 pub const APPROVAL_DECISIONS: &str = "vectorstep_human_approval_decisions_total";
 pub const WEBHOOKS: &str = "vectorstep_webhooks_total";
 pub const NOTIFICATIONS: &str = "vectorstep_notifications_total";
+/// Replicas seen alive on a shared (PostgreSQL) store, this one included.
+pub const REPLICAS: &str = "vectorstep_replicas";
 
 pub fn run_started(pipeline: &str) {
     counter!(RUNS_STARTED, "pipeline" => pipeline.to_string()).increment(1);
@@ -75,6 +77,10 @@ pub fn webhook(source: &str, status: &str) {
 
 pub fn approval_decided(pipeline: &str, decision: &str) {
     counter!(APPROVAL_DECISIONS, "pipeline" => pipeline.to_string(), "decision" => decision.to_string()).increment(1);
+}
+
+pub fn replicas(n: usize) {
+    metrics::gauge!(REPLICAS).set(n as f64);
 }
 
 pub fn approvals_pending(n: usize) {

@@ -288,7 +288,7 @@ pub(crate) fn open_store(
 ) -> anyhow::Result<vectorstep::store::Store> {
     use anyhow::Context;
     let place = match &config.database_url {
-        Some(url) => vectorstep::store::postgres::redact(url),
+        Some(url) => vectorstep::store::redact_url(url),
         None => config.database_path.display().to_string(),
     };
     vectorstep::store::Store::open_configured(config)

@@ -15,6 +15,7 @@ use vectorstep::executor::Executors;
 use vectorstep::http::{router, AppState};
 use vectorstep::runner::{outbox, sweep, Engine};
 use vectorstep::store::lock::ServeLock;
+use vectorstep::store::ReplicaKind;
 
 pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
     let config = Arc::new(load_acting_config(&cli.config)?);
@@ -72,6 +73,15 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         // timeout, per notification) must not hold back readiness or resumes. The
         // outbox's claim set keeps it from racing a run's own delivery. The same
         // task retries failed deliveries until shutdown (runner::outbox).
+        // On a shared store: this process is a replica with an id of its own,
+        // registered before anything is resumed, heartbeating until shutdown.
+        let heartbeat = if engine.store.is_shared() {
+            let id = vectorstep::runner::replica::new_id();
+            vectorstep::runner::replica::register(&engine, &id, ReplicaKind::Serve).await?;
+            Some(tokio::spawn(vectorstep::runner::replica::heartbeat(engine.clone(), id, ReplicaKind::Serve)))
+        } else {
+            None
+        };
         outbox::start_retries(engine.services());
         let resumable = sweep::sweep(&engine).await?;
         engine.refresh_approvals_gauge();
@@ -105,6 +115,10 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             p.abort();
         }
         retention.abort();
+        // Ended by the shutdown signal; it records that this replica stopped.
+        if let Some(h) = heartbeat {
+            let _ = tokio::time::timeout(Duration::from_secs(5), h).await;
+        }
         // MCP servers end with the service: sessions closed, stdio groups killed.
         engine.mcp.shutdown().await;
         let _ = stop_http.send(());
@@ -182,9 +196,9 @@ async fn wait_for_signal() {
 
 /// One `serve` per PostgreSQL database for now: a second one would take the first
 /// one's running runs for its own. Held until `serve` returns.
-fn sole_serve_on_postgres(url: &str) -> anyhow::Result<vectorstep::store::postgres::SessionLock> {
-    use vectorstep::store::postgres::{redact, try_session_lock, SERVE_LOCK};
-    match try_session_lock(url, SERVE_LOCK) {
+fn sole_serve_on_postgres(url: &str) -> anyhow::Result<vectorstep::store::SessionLock> {
+    use vectorstep::store::{lock_sole_serve, redact_url as redact};
+    match lock_sole_serve(url) {
         Ok(Some(lock)) => Ok(lock),
         Ok(None) => anyhow::bail!(
             "another `vectorstep serve` is already using the PostgreSQL database {}; \

@@ -206,7 +206,7 @@ pub(super) fn decode(
                     d.error_hint(
                         node,
                         "database.url",
-                        format!("`{}` is not a PostgreSQL URL", crate::store::postgres::redact(&url)),
+                        format!("`{}` is not a PostgreSQL URL", crate::store::redact_url(&url)),
                         "write it as postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (a password is best given as ${VAR})",
                     );
                 } else {

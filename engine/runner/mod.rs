@@ -37,6 +37,7 @@ mod park;
 mod persist;
 pub mod ports;
 pub mod records;
+pub mod replica;
 pub mod retention;
 pub mod schedule;
 mod services;

@@ -99,6 +99,8 @@ pub use journal::{
     is_within, root_of, DelegationRecord, StepJournal, ToolCallRecord, TurnRecord, DELEGATE_INFIX,
 };
 pub use notifications::NotificationRecord;
+pub use postgres::redact as redact_url;
+pub use postgres::SessionLock;
 pub use replicas::{LeaseRecord, NamedLeaseRecord, ReplicaKind, ReplicaRecord};
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
 pub use steps::StepRecord;
@@ -340,6 +342,13 @@ impl Store {
             Readers::Pg(pool) => pool.with(|c| f(&Reader::Pg(c))),
         }
     }
+}
+
+/// The lock a `serve` holds on a PostgreSQL store for its lifetime (a session
+/// advisory lock on a connection of its own), or `None` when another `serve`
+/// holds it.
+pub fn lock_sole_serve(url: &str) -> Result<Option<SessionLock>, Error> {
+    Ok(postgres::try_session_lock(url, postgres::SERVE_LOCK)?)
 }
 
 /// Refuses to start on a disk with no room left, and warns when it is short.

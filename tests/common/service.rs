@@ -50,10 +50,27 @@ impl Scratch {
             .prefix("vectorstep-crash-")
             .tempdir()
             .expect("temp dir");
+        let database =
+            super::backend::Database::new(&tmp.path().join("data").join("vectorstep.db"));
+        Scratch::with(tmp, database)
+    }
+
+    /// A scratch folder on PostgreSQL whatever `VECTORSTEP_TEST_BACKEND` says, for
+    /// the tests of several replicas.
+    pub fn on_postgres() -> Scratch {
+        let tmp = tempfile::Builder::new()
+            .prefix("vectorstep-replica-")
+            .tempdir()
+            .expect("temp dir");
+        let database =
+            super::backend::Database::Postgres(super::postgres::Postgres::shared().database());
+        Scratch::with(tmp, database)
+    }
+
+    fn with(tmp: tempfile::TempDir, database: super::backend::Database) -> Scratch {
         let root = tmp.path().to_path_buf();
         std::fs::create_dir_all(root.join("pipelines")).unwrap();
         std::fs::create_dir_all(root.join("steps")).unwrap();
-        let database = super::backend::Database::new(&root.join("data").join("vectorstep.db"));
         let s = Scratch {
             _tmp: tmp,
             root,
