@@ -97,3 +97,68 @@ async fn a_serve_on_postgres_registers_heartbeats_and_says_when_it_stopped() {
         "no heartbeat after the kill"
     );
 }
+
+const SLOW: &str = "name: slow\ntrigger: {match: {source: generic}}\nstage: production\ndurable: true\nsteps:\n  - {name: a, executor: mock, executor_config: {delay_ms: 150}}\n  - {name: b, executor: mock, executor_config: {delay_ms: 150}}\n  - {name: c, executor: mock, executor_config: {delay_ms: 150}}\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_under_load_loses_no_acknowledged_run_and_runs_go_on() {
+    let pg = common::postgres::Postgres::start();
+    let s = Scratch::on(common::backend::Database::Postgres(pg.database()));
+    s.write_pipeline("slow", SLOW);
+    let svc = Service::start(&s.root).await;
+    svc.wait_ready().await;
+
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    };
+    let mut restarted_at = 0;
+    let mut acknowledged = Vec::new();
+    let mut refused = 0;
+    // Runs before, during and after the outage, one every 50 ms.
+    for i in 0..60 {
+        if i == 20 {
+            pg.stop_immediate();
+        }
+        if i == 35 {
+            pg.restart();
+            restarted_at = now_ms();
+        }
+        match svc.try_post_run("slow", serde_json::json!({"n": i})).await {
+            Ok(id) => acknowledged.push((i, id)),
+            Err(_) => refused += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        refused > 0,
+        "the outage was seen: intake refused while the store could not write"
+    );
+    assert!(
+        acknowledged.iter().any(|(i, _)| *i < 20) && acknowledged.iter().any(|(i, _)| *i >= 35),
+        "runs were acknowledged before and after the outage: {acknowledged:?}"
+    );
+    // Every acknowledged run, the ones in flight at the stop included, completes.
+    let store = s.open_store();
+    let mut spanning = 0;
+    for (i, id) in &acknowledged {
+        let run = svc.wait_terminal(id).await;
+        assert_eq!(run["status"], "completed", "run {id}: {run}");
+        let steps = store.steps(id).expect("steps");
+        assert_eq!(steps.len(), 3, "run {id} ran every step: {steps:?}");
+        assert!(
+            steps.iter().all(|st| st.attempts == 1),
+            "each step once: {steps:?}"
+        );
+        let record = store.run(id).expect("read").expect("the run");
+        assert_eq!(record.resume_count, 0, "driven on by the same serve");
+        if *i < 20 && record.completed_at.is_some_and(|t| t > restarted_at) {
+            spanning += 1;
+        }
+    }
+    assert!(
+        spanning > 0,
+        "some runs started before the stop finished after the restart: they waited it out"
+    );
+}

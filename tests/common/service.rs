@@ -67,6 +67,15 @@ impl Scratch {
         Scratch::with(tmp, database)
     }
 
+    /// A scratch folder on the given store.
+    pub fn on(database: super::backend::Database) -> Scratch {
+        let tmp = tempfile::Builder::new()
+            .prefix("vectorstep-replica-")
+            .tempdir()
+            .expect("temp dir");
+        Scratch::with(tmp, database)
+    }
+
     fn with(tmp: tempfile::TempDir, database: super::backend::Database) -> Scratch {
         let root = tmp.path().to_path_buf();
         std::fs::create_dir_all(root.join("pipelines")).unwrap();
@@ -273,6 +282,27 @@ impl Service {
     }
 
     /// `POST /pipelines/{pipeline}/run`; asserts 202 accepted and returns the run id.
+    /// Starts a run if the service acknowledges it (202 `accepted`): its id, or what
+    /// it answered instead (a 503 while the store cannot write, a refused
+    /// connection, ...).
+    pub async fn try_post_run(&self, pipeline: &str, body: Value) -> Result<String, String> {
+        let resp = self
+            .authed(
+                self.http
+                    .post(self.url(&format!("/pipelines/{pipeline}/run"))),
+            )
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let v: Value = resp.json().await.map_err(|e| e.to_string())?;
+        match (status.as_u16(), v["run_id"].as_str()) {
+            (202, Some(id)) if v["status"] == "accepted" => Ok(id.to_string()),
+            _ => Err(format!("{status}: {v}")),
+        }
+    }
+
     pub async fn post_run(&self, pipeline: &str, body: Value) -> String {
         let resp = self
             .authed(
