@@ -1,10 +1,13 @@
 //! The public JSON shape of a run (SPEC 2, `GET /runs/{id}`), shared by the HTTP API
-//! and `vectorstep runs show --json`, and the terminal table.
+//! and `vectorstep runs show --json`, and the terminal table; the same for the
+//! replicas (`GET /replicas`, `vectorstep replicas list`).
 
 use serde_json::{json, Map, Value};
 
 use crate::clock::rfc3339;
-use crate::store::{EventRecord, RunRecord, StepJournal, StepRecord};
+use crate::domain::Word;
+use crate::run::lease::Timing;
+use crate::store::{EventRecord, ReplicaRecord, RunRecord, StepJournal, StepRecord};
 
 /// `s` with HTML's special characters escaped, for text that goes into an HTML
 /// page or a Telegram message in HTML mode (both quotes included, so it is safe
@@ -337,9 +340,197 @@ pub fn agent_turn_tables(detail: &Value) -> String {
     out
 }
 
+/// Whether replica `r` is alive at `now` (the database's clock, unix ms): not
+/// stopped, and it heartbeat within one lease ([`Timing::live`]).
+pub fn replica_live(r: &ReplicaRecord, timing: Timing, now: i64) -> bool {
+    r.stopped_at.is_none() && timing.live(&r.into(), now)
+}
+
+/// The body of `GET /replicas`: every replica the store holds, dead ones included
+/// (`live: false`), judged at `now` on the database's clock, which the body
+/// carries (`now`) so that a reader can tell how old each heartbeat is without
+/// trusting its own clock.
+pub fn replicas(records: &[ReplicaRecord], timing: Timing, now: i64) -> Value {
+    let list: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "kind": r.kind.as_str(),
+                "host": r.host,
+                "started_at": rfc3339(r.started_at),
+                "heartbeat_at": rfc3339(r.heartbeat_at),
+                "stopped_at": ts(r.stopped_at),
+                "live": replica_live(r, timing, now),
+                "runs": r.runs,
+                "fingerprints": r.fingerprints,
+            })
+        })
+        .collect();
+    json!({"now": rfc3339(now), "replicas": list})
+}
+
+/// How long ago `at` was at `now` (RFC 3339 strings as [`replicas`] writes
+/// them): `0.8s`, `42.0s`, `3m07s`, `2h05m`; `-` when either does not parse.
+fn age(at: Option<&str>, now: Option<&str>) -> String {
+    let parse = |s: Option<&str>| {
+        s.and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+            .map(|t| t.timestamp_millis())
+    };
+    let (Some(at), Some(now)) = (parse(at), parse(now)) else {
+        return "-".into();
+    };
+    let ms = (now - at).max(0);
+    let secs = ms / 1000;
+    if secs < 60 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else if secs < 3600 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else {
+        format!("{}h{:02}m", secs / 3600, secs % 3600 / 60)
+    }
+}
+
+/// The body of `GET /replicas` as a terminal table: id, kind, live (`yes`, `no`,
+/// or `stopped`), the heartbeat's age on the database's clock, how many runs it
+/// holds, and its host. Ids and hosts come from other processes: they go through
+/// [`terminal_safe`].
+pub fn replica_table(body: &Value) -> String {
+    let now = body["now"].as_str();
+    let mut rows = vec![[
+        "ID".to_string(),
+        "KIND".into(),
+        "LIVE".into(),
+        "HEARTBEAT".into(),
+        "RUNS".into(),
+        "HOST".into(),
+    ]];
+    for r in body["replicas"].as_array().into_iter().flatten() {
+        let text = |k: &str| terminal_safe(r[k].as_str().unwrap_or("-"));
+        let live = if !r["stopped_at"].is_null() {
+            "stopped"
+        } else if r["live"].as_bool() == Some(true) {
+            "yes"
+        } else {
+            "no"
+        };
+        rows.push([
+            text("id"),
+            text("kind"),
+            live.into(),
+            format!("{} ago", age(r["heartbeat_at"].as_str(), now)),
+            r["runs"].as_array().map_or(0, Vec::len).to_string(),
+            text("host"),
+        ]);
+    }
+    aligned(&rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::ReplicaKind;
+
+    fn replica(id: &str, heartbeat_at: i64, stopped_at: Option<i64>) -> ReplicaRecord {
+        ReplicaRecord {
+            id: id.into(),
+            kind: ReplicaKind::Serve,
+            started_at: 0,
+            heartbeat_at,
+            stopped_at,
+            host: Some("h1".into()),
+            fingerprints: vec!["fp1".into()],
+            runs: vec![],
+        }
+    }
+
+    #[test]
+    fn replica_liveness() {
+        const T: Timing = Timing {
+            lease_ms: 3_000,
+            heartbeat_ms: 1_000,
+        };
+        const NOW: i64 = 1_000_000;
+        #[rustfmt::skip]
+        let rows = [
+            ("heartbeat just now", replica("a", NOW, None), true),
+            ("heartbeat one ms inside the lease", replica("a", NOW - 2_999, None), true),
+            ("heartbeat exactly one lease ago", replica("a", NOW - 3_000, None), false),
+            ("heartbeat long ago", replica("a", NOW - 60_000, None), false),
+            ("stopped, however fresh its heartbeat", replica("a", NOW, Some(NOW)), false),
+            ("a heartbeat after the reading (a clock read first)", replica("a", NOW + 5, None), true),
+        ];
+        for (what, r, want) in rows {
+            assert_eq!(replica_live(&r, T, NOW), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn replicas_body_and_table() {
+        let t = Timing {
+            lease_ms: 3_000,
+            heartbeat_ms: 1_000,
+        };
+        let now = 1_700_000_000_000;
+        let mut live = replica("r-live", now - 800, None);
+        live.runs = vec!["run-1".into(), "run-2".into()];
+        let mut stopped = replica("r-stop\u{1b}[2J", now - 200_000, Some(now - 100));
+        stopped.kind = ReplicaKind::Run;
+        stopped.host = None;
+        let old = replica("r-old", now - 7_500_000, None);
+        let body = replicas(&[live, old, stopped], t, now);
+        assert_eq!(body["now"], rfc3339(now));
+        let list = body["replicas"].as_array().expect("a list");
+        assert_eq!(list.len(), 3);
+        assert_eq!(
+            list[0],
+            json!({
+                "id": "r-live", "kind": "serve", "host": "h1",
+                "started_at": rfc3339(0), "heartbeat_at": rfc3339(now - 800),
+                "stopped_at": null, "live": true, "runs": ["run-1", "run-2"],
+                "fingerprints": ["fp1"],
+            })
+        );
+        assert_eq!(list[1]["live"], false);
+        assert_eq!(list[2]["live"], false);
+        assert_eq!(list[2]["stopped_at"], rfc3339(now - 100));
+        assert_eq!(list[2]["host"], Value::Null);
+
+        let table = replica_table(&body);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 4, "{table}");
+        let cells = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            cells(lines[0]),
+            ["ID", "KIND", "LIVE", "HEARTBEAT", "RUNS", "HOST"]
+        );
+        assert_eq!(
+            cells(lines[1]),
+            ["r-live", "serve", "yes", "0.8s", "ago", "2", "h1"]
+        );
+        assert_eq!(
+            cells(lines[2]),
+            ["r-old", "serve", "no", "2h05m", "ago", "0", "h1"]
+        );
+        assert_eq!(
+            cells(lines[3]),
+            [
+                "r-stop\\u{1b}[2J",
+                "run",
+                "stopped",
+                "3m20s",
+                "ago",
+                "0",
+                "-"
+            ]
+        );
+        assert!(!table.contains('\u{1b}'), "{table}");
+        // The columns line up: every row's second column starts where the header's does.
+        let col = lines[0].find("KIND").expect("header");
+        assert!(lines
+            .iter()
+            .all(|l| l[col..].starts_with(|c: char| c.is_alphabetic())));
+    }
 
     #[test]
     fn terminal_safe_escapes_what_a_terminal_would_act_on() {

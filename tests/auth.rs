@@ -162,6 +162,7 @@ const EXPECTED: &[(&str, &str, RouteClass, &str)] = &[
         "/runs/no-such-run/cancel",
     ),
     ("GET", "/approvals", RouteClass::Operator, "/approvals"),
+    ("GET", "/replicas", RouteClass::Operator, "/replicas"),
     (
         "GET",
         "/approvals/:token",

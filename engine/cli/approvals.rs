@@ -15,7 +15,7 @@ pub struct Server<'a> {
 }
 
 impl Server<'_> {
-    fn authorize(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    pub(super) fn authorize(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match self.token.filter(|t| !t.is_empty()) {
             Some(t) => req.bearer_auth(t),
             None => req,
@@ -23,20 +23,21 @@ impl Server<'_> {
     }
 }
 
-/// An answer the server refused on auth grounds, said as what to do.
-fn auth_hint(status: u16, base: &str) -> Option<anyhow::Error> {
+/// An answer the server refused on auth grounds, said as what to do; `what` is
+/// what needs the operator token, verb included (`listing replicas needs`).
+pub(super) fn auth_hint(status: u16, base: &str, what: &str) -> Option<anyhow::Error> {
     match status {
         401 => Some(anyhow::anyhow!(
             "the server at {base} needs a token: pass --token or set VECTORSTEP_TOKEN to an operator token (auth.operators)"
         )),
         403 => Some(anyhow::anyhow!(
-            "the server at {base} refused this token: deciding and listing approvals need an operator token (auth.operators), not a team token"
+            "the server at {base} refused this token: {what} an operator token (auth.operators), not a team token"
         )),
         _ => None,
     }
 }
 
-fn base_url(cli: &Cli, url: Option<&str>) -> anyhow::Result<String> {
+pub(super) fn base_url(cli: &Cli, url: Option<&str>) -> anyhow::Result<String> {
     if let Some(u) = url {
         return Ok(u.trim_end_matches('/').to_string());
     }
@@ -49,6 +50,8 @@ fn base_url(cli: &Cli, url: Option<&str>) -> anyhow::Result<String> {
     Ok(format!("http://{host}:{}", config.server.port))
 }
 
+const APPROVALS: &str = "deciding and listing approvals need";
+
 pub fn list(cli: &Cli, server: Server<'_>, as_json: bool) -> anyhow::Result<i32> {
     let base = base_url(cli, server.url)?;
     let rt = tokio::runtime::Runtime::new()?;
@@ -59,7 +62,7 @@ pub fn list(cli: &Cli, server: Server<'_>, as_json: bool) -> anyhow::Result<i32>
             .await
             .map_err(|e| anyhow::anyhow!("cannot reach the server at {base}: {e}"))?;
         let status = resp.status().as_u16();
-        if let Some(e) = auth_hint(status, &base) {
+        if let Some(e) = auth_hint(status, &base, APPROVALS) {
             return Err(e);
         }
         if status != 200 {
@@ -118,7 +121,7 @@ pub fn decide(
         let status = resp.status().as_u16();
         anyhow::Ok((status, resp.json::<Value>().await.unwrap_or(Value::Null)))
     })?;
-    if let Some(e) = auth_hint(status, &base) {
+    if let Some(e) = auth_hint(status, &base, APPROVALS) {
         return Err(e);
     }
     match status {

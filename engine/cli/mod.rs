@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod approvals;
 mod demo_mcp;
+mod replicas;
 mod run;
 mod serve;
 mod tools;
@@ -85,6 +86,24 @@ pub enum Command {
         #[command(subcommand)]
         command: ApprovalsCommand,
     },
+    /// The replicas sharing the store (PostgreSQL), their heartbeats and the runs
+    /// each holds, through the running server.
+    Replicas {
+        /// The server's base URL (default: from config.yaml `server`).
+        #[arg(long, global = true, env = "VECTORSTEP_URL")]
+        url: Option<String>,
+        /// The bearer token to send (an operator token when the server has auth).
+        #[arg(
+            long = "token",
+            id = "bearer",
+            global = true,
+            env = "VECTORSTEP_TOKEN",
+            hide_env_values = true
+        )]
+        bearer: Option<String>,
+        #[command(subcommand)]
+        command: ReplicasCommand,
+    },
     /// Print a pipeline's config fingerprint.
     Fingerprint {
         /// A pipeline name (from the configured folder) or a pipeline file.
@@ -129,6 +148,17 @@ pub enum ApprovalsCommand {
         token: String,
         #[arg(long)]
         by: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ReplicasCommand {
+    /// Every replica the store holds, live or not: id, kind, live, heartbeat age,
+    /// runs held (an empty list on SQLite, where a single serve registers none).
+    List {
+        /// Print the body of `GET /replicas` instead of the table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -252,6 +282,17 @@ pub fn main() -> i32 {
         } => run::show(&cli, run_id, *json),
         Command::Sweep { .. } => run::sweep_dry_run(&cli),
         Command::DemoMcp => demo_mcp::serve(),
+        Command::Replicas {
+            url,
+            bearer,
+            command: ReplicasCommand::List { json },
+        } => {
+            let server = approvals::Server {
+                url: url.as_deref(),
+                token: bearer.as_deref(),
+            };
+            replicas::list(&cli, server, *json)
+        }
         Command::Approvals {
             url,
             bearer,
