@@ -297,7 +297,7 @@ pub enum CopyError {
     Open {
         role: &'static str,
         name: String,
-        source: Error,
+        source: Box<Error>,
     },
 
     #[error(
@@ -338,7 +338,7 @@ pub enum CopyError {
     Read {
         role: &'static str,
         name: String,
-        source: Error,
+        source: Box<Error>,
     },
 
     #[error(
@@ -349,7 +349,7 @@ pub enum CopyError {
     Failed {
         table: &'static str,
         copied: u64,
-        source: Error,
+        source: Box<Error>,
     },
 }
 
@@ -415,7 +415,7 @@ impl StoreLocation {
         opened.map_err(|source| CopyError::Open {
             role,
             name: self.display(),
-            source,
+            source: Box::new(source),
         })
     }
 }
@@ -475,7 +475,7 @@ fn lock_serve(store: &Store, role: &'static str) -> Result<Held, CopyError> {
             Err(e) => Err(CopyError::Read {
                 role,
                 name: store.name().to_string(),
-                source: e.into(),
+                source: Box::new(e.into()),
             }),
         },
     }
@@ -488,7 +488,7 @@ fn identity(store: &Store, role: &'static str) -> Result<String, CopyError> {
     let failed = |source: Error| CopyError::Read {
         role,
         name: store.name().to_string(),
-        source,
+        source: Box::new(source),
     };
     if let Some(path) = store.path() {
         let meta = std::fs::metadata(path).map_err(|e| {
@@ -523,7 +523,7 @@ fn check_no_live_run(from: &Store) -> Result<(), CopyError> {
         .map_err(|source| CopyError::Read {
             role: "source",
             name: from.name().to_string(),
-            source,
+            source: Box::new(source),
         })?;
     for (run_id, owner) in owned {
         match lock::probe_owner(path, &owner) {
@@ -562,7 +562,7 @@ fn check_empty(to: &Store) -> Result<(), CopyError> {
             .map_err(|source| CopyError::Read {
                 role: "target",
                 name: to.name().to_string(),
-                source,
+                source: Box::new(source),
             })?;
         if found.is_some() {
             return Err(CopyError::TargetNotEmpty {
@@ -620,7 +620,7 @@ fn copy_table(from: &Store, to: &Store, table: &'static CopyTable) -> Result<u64
             .map_err(|source| CopyError::Read {
                 role: "source",
                 name: from.name().to_string(),
-                source,
+                source: Box::new(source),
             })?;
         let n = page.len();
         if n == 0 {
@@ -633,7 +633,7 @@ fn copy_table(from: &Store, to: &Store, table: &'static CopyTable) -> Result<u64
             .map_err(|source| CopyError::Failed {
                 table: table.name,
                 copied,
-                source,
+                source: Box::new(source),
             })?;
         copied += n as u64;
         if n < PAGE {
