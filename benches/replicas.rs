@@ -113,12 +113,16 @@ fn main() {
     let pg = postgres::Postgres::start();
     let url = pg.database();
     let lite_config = config(dir.path(), "database: {path: ./bench.db}");
-    let pg_config = config(dir.path(), &format!("database: {{url: {url:?}, pool_size: 16}}"));
+    let pg_config = config(
+        dir.path(),
+        &format!("database: {{url: {url:?}, pool_size: 16}}"),
+    );
     let lite = Store::open(&lite_config.database_path).expect("SQLite store");
     let shared = Store::open_postgres(&url, 16).expect("PostgreSQL store");
 
     let rounds = 3;
-    let (mut lite_single, mut lite_many, mut pg_single, mut pg_many) = (vec![], vec![], vec![], vec![]);
+    let (mut lite_single, mut lite_many, mut pg_single, mut pg_many) =
+        (vec![], vec![], vec![], vec![]);
     for _ in 0..rounds {
         let (s, m) = round(&lite_config, &lite, &pdir);
         lite_single.push(s);

@@ -1,5 +1,6 @@
 //! Command-line interface (SPEC section 1). Exit status: 0 success, 1 usage or
-//! config error, 2 a run that ended in a non-success status.
+//! config error, 2 a run that ended in a non-success status; `store copy` exits 2
+//! on a usage error and 1 when the copy is refused or fails.
 
 use std::path::PathBuf;
 
@@ -10,6 +11,7 @@ mod demo_mcp;
 mod replicas;
 mod run;
 mod serve;
+mod store;
 mod tools;
 mod validate;
 
@@ -114,10 +116,31 @@ pub enum Command {
         #[command(subcommand)]
         command: ToolsCommand,
     },
+    /// Move a store's rows: `store copy --from sqlite:PATH --to postgres://...`.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
     /// A demo MCP server on stdin/stdout with canned ops tools, for the offline
     /// agent sample (samples/agents/). Hidden: it is a fixture, not a command.
     #[command(hide = true)]
     DemoMcp,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StoreCommand {
+    /// Copy every run, step, event, approval, notification and journal row from one
+    /// store into another, empty one (e.g. to move a single node to replicas). Stop
+    /// `serve` on the source first.
+    Copy {
+        /// The store to copy: `sqlite:PATH` (or a bare PATH) or `postgres://...`.
+        #[arg(long)]
+        from: String,
+        /// The empty store to copy into: `sqlite:PATH` or `postgres://...`
+        /// (`postgresql://` too).
+        #[arg(long)]
+        to: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -199,6 +222,20 @@ pub fn init_logging(config: &vectorstep::config::Config, default_level: &str) {
     };
 }
 
+/// Whether the command line is a `store` command (its usage errors exit 2): the
+/// first argument that is neither an option nor `--config`'s value.
+fn is_store_command() -> bool {
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--config" {
+            args.next();
+        } else if !a.starts_with('-') {
+            return a == "store";
+        }
+    }
+    false
+}
+
 /// Whether `--config` was given explicitly (a missing explicit file is an error).
 fn config_is_explicit() -> bool {
     std::env::args().any(|a| a == "--config" || a.starts_with("--config="))
@@ -242,7 +279,11 @@ pub fn main() -> i32 {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() { 1 } else { 0 };
+            return match (e.use_stderr(), is_store_command()) {
+                (false, _) => 0,
+                (true, true) => store::USAGE,
+                (true, false) => 1,
+            };
         }
     };
     let result = match &cli.command {
@@ -293,6 +334,9 @@ pub fn main() -> i32 {
             };
             replicas::list(&cli, server, *json)
         }
+        Command::Store {
+            command: StoreCommand::Copy { from, to },
+        } => Ok(store::copy(from, to)),
         Command::Approvals {
             url,
             bearer,

@@ -63,10 +63,12 @@
 //! (schema), `connection` (pragmas, read pool, row decoding), `lock` (the `flock` sidecar
 //! files that say which process owns the store and which owns a run), then one file per
 //! table: `runs`, `steps`, `events`, `approvals`, `notifications`, `kv`, and `journal`
-//! (the three tables of the agent step journal).
+//! (the three tables of the agent step journal); `copy` copies every table from one
+//! store into another (`vectorstep store copy`).
 
 mod approvals;
 mod connection;
+mod copy;
 mod error;
 mod events;
 mod health;
@@ -92,6 +94,7 @@ use rusqlite::Connection;
 
 pub use approvals::ApprovalRecord;
 pub use connection::{raw_commit_probe, MIN_FREE_BYTES, WAL_BOUND_BYTES};
+pub use copy::{copy_all, CopyError, CopyReport, CopyTable, StoreLocation, TableCopied};
 pub use error::DbError;
 pub use error::Error;
 pub use events::EventRecord;
@@ -103,6 +106,7 @@ pub use postgres::redact as redact_url;
 pub use postgres::SessionLock;
 pub use replicas::{LeaseRecord, NamedLeaseRecord, ReplicaKind, ReplicaRecord};
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
+pub use sql::CopyValue;
 pub use steps::StepRecord;
 pub use writer::{Outcome, Rejected, StoreStats, Write};
 
@@ -150,6 +154,10 @@ impl Db for Reader<'_> {
             Reader::Lite(c) => c.now_ms_sql(),
             Reader::Pg(c) => c.now_ms_sql(),
         }
+    }
+
+    fn is_postgres(&self) -> bool {
+        matches!(self, Reader::Pg(_))
     }
 
     fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {

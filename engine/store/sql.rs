@@ -78,6 +78,38 @@ impl<T: Bind + ?Sized> Bind for &T {
     }
 }
 
+/// One cell of a row as it is, owned: what `store copy` reads from one store and
+/// writes to the other (see `store::copy`), whatever the column.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CopyValue {
+    Null,
+    Int(i64),
+    Real(f64),
+    Text(String),
+}
+
+impl Bind for CopyValue {
+    fn value(&self) -> Value<'_> {
+        match self {
+            CopyValue::Null => Value::Null,
+            CopyValue::Int(i) => Value::Int(*i),
+            CopyValue::Real(r) => Value::Real(*r),
+            CopyValue::Text(t) => Value::Text(t),
+        }
+    }
+}
+
+impl Column for CopyValue {
+    fn from_cell(cell: Cell<'_>) -> Result<Self, String> {
+        Ok(match cell {
+            Cell::Null => CopyValue::Null,
+            Cell::Int(i) => CopyValue::Int(i),
+            Cell::Real(r) => CopyValue::Real(r),
+            Cell::Text(t) => CopyValue::Text(t.to_string()),
+        })
+    }
+}
+
 impl<T: Bind> Bind for Option<T> {
     fn value(&self) -> Value<'_> {
         match self {
@@ -386,6 +418,10 @@ pub(super) trait Db {
     /// into statements whose times must not come from a replica's own (possibly
     /// skewed) clock: leases, heartbeats (see `replicas`).
     fn now_ms_sql(&self) -> &'static str;
+
+    /// Whether the statements run on PostgreSQL, for the few that must be spelled
+    /// differently there (keeping a generated key when copying a store).
+    fn is_postgres(&self) -> bool;
 }
 
 /// [`Db::now_ms_sql`] on SQLite (3.42+ for `subsec`; the bundled SQLite is newer).
@@ -398,6 +434,10 @@ pub(super) const POSTGRES_NOW_MS: &str = "(EXTRACT(EPOCH FROM clock_timestamp())
 impl Db for rusqlite::Connection {
     fn now_ms_sql(&self) -> &'static str {
         SQLITE_NOW_MS
+    }
+
+    fn is_postgres(&self) -> bool {
+        false
     }
 
     fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {

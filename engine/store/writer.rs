@@ -25,9 +25,11 @@ use tokio::sync::oneshot;
 use tracing::{debug, error, warn};
 
 use super::connection::{now_ms, WAL_FORCE_CHECKPOINT_BYTES};
+use super::copy::{self, CopyTable};
 use super::error::is_transient;
 use super::error::DbError;
 use super::health::Health;
+use super::sql::CopyValue;
 use super::sql::Db;
 use super::{approvals, events, journal, kv, notifications, replicas, runs, steps};
 use super::{
@@ -216,6 +218,13 @@ pub enum Write {
         expected_due_at: Option<i64>,
         next_due_at: i64,
     },
+    /// Inserts `rows` into `table` as they are, every column, generated keys
+    /// included (`vectorstep store copy`, see `store::copy`); fails on a row
+    /// already there. `Outcome::Done`.
+    CopyRows {
+        table: &'static CopyTable,
+        rows: Vec<Vec<CopyValue>>,
+    },
 }
 
 /// What a write did; one per write, in the order of the batch. Outcomes other than
@@ -322,6 +331,7 @@ impl Write {
             Write::AcquireNamedLease { .. } => "AcquireNamedLease",
             Write::ReleaseNamedLease { .. } => "ReleaseNamedLease",
             Write::AdvanceSchedule { .. } => "AdvanceSchedule",
+            Write::CopyRows { .. } => "CopyRows",
         }
     }
 
@@ -430,6 +440,7 @@ impl Write {
                 expected_due_at,
                 next_due_at,
             } => replicas::advance_schedule(db, pipeline, *expected_due_at, *next_due_at),
+            Write::CopyRows { table, rows } => copy::insert_rows(db, table, rows),
         }
     }
 }
@@ -453,7 +464,7 @@ pub struct Rejected {
 const TICK: Duration = Duration::from_secs(1);
 
 /// The `kv` key the probe writes (the time of the probe, unix ms).
-const PROBE_KEY: &str = "store_probe";
+pub(super) const PROBE_KEY: &str = "store_probe";
 
 /// After a forced checkpoint that readers kept from finishing, how long the writer
 /// waits before forcing another (each one may wait up to the busy timeout).

@@ -153,6 +153,10 @@ impl Db for PgConn {
         super::super::sql::POSTGRES_NOW_MS
     }
 
+    fn is_postgres(&self) -> bool {
+        true
+    }
+
     fn exec(&self, sql: &str, args: Args<'_>) -> Result<usize, DbError> {
         let st = self.statement(sql)?;
         let bound = pg_args(args);

@@ -24,6 +24,11 @@ impl PgPool {
         }
     }
 
+    /// The database's URL (with its password: never for logs).
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
     pub(crate) fn with<T>(&self, f: impl FnOnce(&PgConn) -> Result<T, Error>) -> Result<T, Error> {
         let conn = loop {
             // A poisoned lock only means another reader panicked holding it; the
