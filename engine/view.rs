@@ -392,7 +392,7 @@ fn age(at: Option<&str>, now: Option<&str>) -> String {
 }
 
 /// The body of `GET /replicas` as a terminal table: id, kind, live (`yes`, `no`,
-/// or `stopped`), the heartbeat's age on the database's clock, how many runs it
+/// or `ended`: it stopped cleanly), the heartbeat's age on the database's clock, how many runs it
 /// holds, and its host. Ids and hosts come from other processes: they go through
 /// [`terminal_safe`].
 pub fn replica_table(body: &Value) -> String {
@@ -408,7 +408,7 @@ pub fn replica_table(body: &Value) -> String {
     for r in body["replicas"].as_array().into_iter().flatten() {
         let text = |k: &str| terminal_safe(r[k].as_str().unwrap_or("-"));
         let live = if !r["stopped_at"].is_null() {
-            "stopped"
+            "ended"
         } else if r["live"].as_bool() == Some(true) {
             "yes"
         } else {
@@ -517,7 +517,7 @@ mod tests {
             [
                 "r-stop\\u{1b}[2J",
                 "run",
-                "stopped",
+                "ended",
                 "3m20s",
                 "ago",
                 "0",

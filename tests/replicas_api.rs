@@ -201,7 +201,7 @@ async fn replicas_are_listed_live_or_dead_with_the_runs_they_hold() {
     let r = row("r-old");
     assert_eq!(&r[1..3], ["serve", "no"], "{table}");
     assert_eq!(r[5], "0", "{table}");
-    assert_eq!(&row("r-stopped")[1..3], ["run", "stopped"], "{table}");
+    assert_eq!(&row("r-stopped")[1..3], ["run", "ended"], "{table}");
 
     // Operator only.
     let (status, _) = get(&service, None).await;
