@@ -514,15 +514,7 @@ mod tests {
         );
         assert_eq!(
             cells(lines[3]),
-            [
-                "r-stop\\u{1b}[2J",
-                "run",
-                "ended",
-                "3m20s",
-                "ago",
-                "0",
-                "-"
-            ]
+            ["r-stop\\u{1b}[2J", "run", "ended", "3m20s", "ago", "0", "-"]
         );
         assert!(!table.contains('\u{1b}'), "{table}");
         // The columns line up: every row's second column starts where the header's does.
