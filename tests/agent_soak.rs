@@ -160,24 +160,29 @@ struct Copy {
 }
 
 /// Checks the copies of one turn or call against its journal row (`finished_at`,
-/// `attempt`) and the kills: copy k+1 was sent by a later process than copy k
+/// `attempt`) and the restarts: copy k+1 was sent by a later process than copy k
 /// (a `serve` never repeats one by itself), no copy was sent after the row
 /// recorded its final result, and (calls) the attempts rise to the recorded one.
 /// A repeat after an earlier record rewrites the row; the completion events catch
 /// that one.
+///
+/// A copy's process is judged by the restarts, not the kills: a request the
+/// killed process wrote just before it died can reach the peer a moment after
+/// the kill was sent, but never after the next process was started (the killed
+/// one is reaped first, and a new one must boot before it asks anything).
 fn check_copies(
     what: &str,
     copies: &[Copy],
     finished_at: Option<i64>,
     attempt: Option<u64>,
-    kills_ms: &[i64],
+    starts_ms: &[i64],
 ) {
-    let generation = |ms: i64| kills_ms.iter().filter(|k| **k < ms).count();
+    let generation = |ms: i64| starts_ms.iter().filter(|k| **k < ms).count();
     assert!(!copies.is_empty(), "{what}: never requested");
     for w in copies.windows(2) {
         assert!(
             generation(w[0].at_ms) < generation(w[1].at_ms),
-            "{what}: requested twice by one process: {copies:?} (kills at {kills_ms:?})"
+            "{what}: requested twice by one process: {copies:?} (restarts at {starts_ms:?})"
         );
         if attempt.is_some() {
             assert!(w[0].attempt < w[1].attempt, "{what}: attempts {copies:?}");
@@ -263,7 +268,7 @@ async fn twenty_delegating_tool_using_runs_survive_ten_random_kills_without_a_re
         t0.elapsed().as_millis()
     );
 
-    let kills_ms: Vec<i64> = svc.kills.iter().map(|t| to_ms(*t)).collect();
+    let starts_ms: Vec<i64> = svc.starts.iter().map(|t| to_ms(*t)).collect();
     let mut asks: BTreeMap<Ask, Vec<Copy>> = BTreeMap::new();
     for r in peer.for_path(MODEL) {
         let copy = Copy {
@@ -340,7 +345,13 @@ async fn twenty_delegating_tool_using_runs_survive_ten_random_kills_without_a_re
             };
             let copies = asks.remove(&ask).unwrap_or_default();
             reasked += copies.len().saturating_sub(1);
-            check_copies(&format!("{ask:?}"), &copies, t.finished_at, None, &kills_ms);
+            check_copies(
+                &format!("{ask:?}"),
+                &copies,
+                t.finished_at,
+                None,
+                &starts_ms,
+            );
         }
         let calls: Vec<_> = j.calls.iter().filter(|c| c.tool != "delegate").collect();
         assert_eq!(
@@ -359,7 +370,7 @@ async fn twenty_delegating_tool_using_runs_survive_ten_random_kills_without_a_re
                 &copies,
                 c.finished_at,
                 Some(u64::from(c.attempt)),
-                &kills_ms,
+                &starts_ms,
             );
         }
     }

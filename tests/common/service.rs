@@ -147,6 +147,10 @@ pub struct Service {
     pub generation: u32,
     /// When each SIGKILL was sent, oldest first.
     pub kills: Vec<Instant>,
+    /// When each restart began (the previous process already reaped), oldest
+    /// first: anything a peer receives before `starts[k]` was sent by a process
+    /// of generation k+1 or earlier.
+    pub starts: Vec<Instant>,
     http: reqwest::Client,
     /// Sent on the run routes when the service under test has auth configured.
     pub bearer: Option<String>,
@@ -177,6 +181,7 @@ impl Service {
             log,
             generation: 1,
             kills: Vec::new(),
+            starts: Vec::new(),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()
@@ -275,6 +280,7 @@ impl Service {
             "restart: the previous process is still running; kill it first"
         );
         self.generation += 1;
+        self.starts.push(Instant::now());
         let (child, port) = spawn(&self.dir, &self.log, self.generation, &[]).await;
         self.child = child;
         self.port = port;
