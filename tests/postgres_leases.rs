@@ -109,6 +109,18 @@ fn claim(run_id: &str, replica: &str, expected_epoch: u64, lease_ms: u64) -> Wri
         replica: replica.into(),
         expected_epoch,
         lease_ms,
+        holder_gone: false,
+    }
+}
+
+/// A claim by a replica that has seen the holder's session end.
+fn take_over(run_id: &str, replica: &str, expected_epoch: u64, lease_ms: u64) -> Write {
+    Write::ClaimRun {
+        run_id: run_id.into(),
+        replica: replica.into(),
+        expected_epoch,
+        lease_ms,
+        holder_gone: true,
     }
 }
 
@@ -498,6 +510,14 @@ fn every_lease_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backe
         }]),
     );
     b.expect(vec![claim("nope", bee, 0, MINUTE)], Ok(vec![NotRunning]));
+    // A holder seen gone loses even an unexpired lease, but only at its epoch.
+    b.expect(
+        vec![take_over("r1", bee, 0, MINUTE)],
+        Ok(vec![ClaimLost {
+            owner: Some(a.into()),
+            epoch: 1,
+        }]),
+    );
 
     // The holder's fenced batch applies.
     b.expect(
@@ -577,6 +597,23 @@ fn every_lease_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backe
     b.expect(
         vec![Write::StopReplica { replica: a.into() }],
         Ok(vec![Done]),
+    );
+    // a, having seen b's session end, takes b's unexpired r5 under the next epoch;
+    // b's next batch for it is refused.
+    b.expect(
+        vec![claim("r5", a, 1, MINUTE)],
+        Ok(vec![ClaimLost {
+            owner: Some(bee.into()),
+            epoch: 1,
+        }]),
+    );
+    b.expect(
+        vec![take_over("r5", a, 1, MINUTE)],
+        Ok(vec![Claimed { epoch: 2 }]),
+    );
+    b.expect(
+        vec![fence("r5", bee, 1), event("r5", "step_started")],
+        Err("fenced r5: Some(\"replica-a\") epoch 2 released false"),
     );
 
     // One Telegram poller: busy while held, renewed by its owner under the same
@@ -664,7 +701,7 @@ fn every_lease_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backe
                 a,
                 ReplicaKind::Serve,
                 strings(&["f1"]),
-                vec![],
+                strings(&["r5"]),
                 true,
                 Some("host-1")
             ),
@@ -672,7 +709,7 @@ fn every_lease_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backe
                 bee,
                 ReplicaKind::Serve,
                 strings(&["f1", "f2"]),
-                strings(&["r4", "r5"]),
+                strings(&["r4"]),
                 false,
                 Some("host-1")
             ),
@@ -683,17 +720,22 @@ fn every_lease_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backe
     }
     let running: Vec<_> = b
         .store
-        .running_runs_with_leases()
+        .running_leases()
         .expect("running")
         .into_iter()
-        .map(|(run, lease)| (run.id, lease.map(|l| (l.owner, l.epoch, l.released))))
+        .map(|row| {
+            (
+                row.run_id,
+                row.lease.map(|l| (l.owner, l.epoch, l.released)),
+            )
+        })
         .collect();
     assert_eq!(
         running,
         [
             ("r3".to_string(), None),
             ("r4".to_string(), Some((bee.to_string(), 2, false))),
-            ("r5".to_string(), Some((bee.to_string(), 1, false))),
+            ("r5".to_string(), Some((a.to_string(), 2, false))),
         ]
     );
     let telegram = b

@@ -190,10 +190,18 @@ fn batches() -> Vec<Vec<Write>> {
             Write::MarkResumed {
                 run_id: "r1".into(),
                 at: T0 + 2,
+                counted: true,
             },
             Write::MarkResumed {
                 run_id: "r1".into(),
                 at: T0 + 3,
+                counted: true,
+            },
+            // A clean handoff sets nothing new and is not counted.
+            Write::MarkResumed {
+                run_id: "r1".into(),
+                at: 30,
+                counted: false,
             },
             Write::SetRunOwner {
                 run_id: "r1".into(),

@@ -104,7 +104,7 @@ pub use journal::{
 pub use notifications::NotificationRecord;
 pub use postgres::redact as redact_url;
 pub use postgres::SessionLock;
-pub use replicas::{LeaseRecord, NamedLeaseRecord, ReplicaKind, ReplicaRecord};
+pub use replicas::{LeaseRecord, NamedLeaseRecord, ReplicaKind, ReplicaRecord, RunLeaseRow};
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
 pub use sql::CopyValue;
 pub use steps::StepRecord;
@@ -357,6 +357,17 @@ impl Store {
 /// holds it.
 pub fn lock_sole_serve(url: &str) -> Result<Option<SessionLock>, Error> {
     Ok(postgres::try_session_lock(url, postgres::SERVE_LOCK)?)
+}
+
+/// The liveness lock of replica `replica` on the PostgreSQL database at `url`:
+/// held for the replica's lifetime on a connection of its own, so the others see
+/// at once when its session ends ([`Store::replica_gone`]). `None` if taken
+/// already (a replica id is per boot, so only by a probe at that very moment).
+pub fn lock_replica(url: &str, replica: &str) -> Result<Option<SessionLock>, Error> {
+    Ok(postgres::try_session_lock(
+        url,
+        postgres::replica_lock_key(replica),
+    )?)
 }
 
 /// Refuses to start on a disk with no room left, and warns when it is short.

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use super::connection::{query_all, query_opt, Cols};
 use super::error::DbError;
 use super::sql::Db;
-use super::{runs, Error, Outcome, RunRecord, Store};
+use super::{Error, Outcome, Store};
 use crate::run::lease::{Lease, Replica};
 
 /// What kind of process a replica is: a `serve` process, or a `vectorstep run`
@@ -101,6 +101,17 @@ impl From<LeaseRecord> for Lease {
     }
 }
 
+/// A running run as the orphan sweep lists it (`Store::running_leases`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunLeaseRow {
+    pub run_id: String,
+    pub pipeline: String,
+    pub fingerprint: String,
+    /// The `vectorstep run` process that owns it, if one does.
+    pub cli_owner: Option<String>,
+    pub lease: Option<LeaseRecord>,
+}
+
 /// A row of `named_leases`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamedLeaseRecord {
@@ -170,23 +181,25 @@ pub(super) fn heartbeat(
 /// `Write::ClaimRun`: compare-and-set of a running run's lease from
 /// `expected_epoch` to `expected_epoch + 1`, owned by `replica` until now +
 /// `lease_ms`, allowed when the lease is free (never leased, released, expired) or
-/// already `replica`'s.
+/// already `replica`'s, or (`holder_gone`) whatever its expiry.
 pub(super) fn claim(
     db: &impl Db,
     run_id: &str,
     replica: &str,
     expected_epoch: u64,
     lease_ms: u64,
+    holder_gone: bool,
 ) -> Result<Outcome, DbError> {
     let now = db.now_ms_sql();
     let epoch = expected_epoch.saturating_add(1);
+    let gone = if holder_gone { " OR TRUE" } else { "" };
     let changed = db.exec(
         &format!(
             "UPDATE pipeline_runs SET lease_owner = ?2, lease_epoch = ?4, \
              lease_expires_at = {now} + ?5, lease_released = 0 \
              WHERE id = ?1 AND status = 'running' AND lease_epoch = ?3 \
              AND (lease_owner IS NULL OR lease_released = 1 OR lease_expires_at <= {now} \
-             OR lease_owner = ?2)"
+             OR lease_owner = ?2{gone})"
         ),
         &[&run_id, &replica, &expected_epoch, &epoch, &lease_ms],
     )?;
@@ -224,7 +237,7 @@ pub(super) fn lease_new(
     replica: &str,
     lease_ms: u64,
 ) -> Result<Outcome, DbError> {
-    claim(db, run_id, replica, 0, lease_ms)
+    claim(db, run_id, replica, 0, lease_ms, false)
 }
 
 /// `Write::Fence`: locks the run's row if its lease is still `(replica, epoch)`
@@ -491,21 +504,6 @@ impl Store {
         self.read(|conn| lease(conn, run_id))
     }
 
-    /// Every running run with its lease (`None`: never leased), oldest first. One
-    /// read, so a run and its lease are seen together.
-    pub fn running_runs_with_leases(&self) -> Result<Vec<(RunRecord, Option<LeaseRecord>)>, Error> {
-        self.read(|conn| {
-            let sql = format!(
-                "SELECT {}, lease_owner, lease_epoch, lease_expires_at, lease_released \
-                 FROM pipeline_runs WHERE status = 'running' ORDER BY triggered_at, id",
-                runs::COLUMNS
-            );
-            query_all(conn, RUNS, &sql, &[], |c| {
-                Ok((RunRecord::decode(c)?, lease_of(c)?))
-            })
-        })
-    }
-
     pub fn named_lease(&self, name: &str) -> Result<Option<NamedLeaseRecord>, Error> {
         self.read(|conn| named(conn, name))
     }
@@ -513,6 +511,48 @@ impl Store {
     /// The next due tick recorded for `pipeline`'s schedule.
     pub fn schedule_due(&self, pipeline: &str) -> Result<Option<i64>, Error> {
         self.read(|conn| due(conn, pipeline))
+    }
+
+    /// Every running run as the orphan sweep sees it, oldest first: enough to
+    /// decide who drives it, not the whole record (which is read only for the runs
+    /// claimed).
+    pub fn running_leases(&self) -> Result<Vec<RunLeaseRow>, Error> {
+        self.read(|conn| {
+            query_all(
+                conn,
+                RUNS,
+                "SELECT id, pipeline_name, config_fingerprint, owner, lease_owner, lease_epoch, \
+                 lease_expires_at, lease_released FROM pipeline_runs WHERE status = 'running' \
+                 ORDER BY triggered_at, id",
+                &[],
+                |c| {
+                    Ok(RunLeaseRow {
+                        run_id: c.get("id")?,
+                        pipeline: c.get("pipeline_name")?,
+                        fingerprint: c.get("config_fingerprint")?,
+                        cli_owner: c.get("owner")?,
+                        lease: lease_of(c)?,
+                    })
+                },
+            )
+        })
+    }
+
+    /// Whether replica `replica`'s database session has ended (its liveness lock,
+    /// `store::lock_replica`, is free): it was killed or lost its connection, so
+    /// its leases may be taken before they expire. A probe that takes the lock
+    /// only for its own statement. Always `false` on SQLite (one process).
+    pub fn replica_gone(&self, replica: &str) -> Result<bool, Error> {
+        let key = super::postgres::replica_lock_key(replica);
+        self.read(|reader| match reader {
+            super::Reader::Lite(_) => Ok(false),
+            super::Reader::Pg(conn) => {
+                let rows = conn
+                    .query_raw("SELECT pg_try_advisory_xact_lock($1)", &[&key])
+                    .map_err(super::postgres::PgError::from)?;
+                Ok(rows.first().map(|r| r.get::<_, bool>(0)).unwrap_or(false))
+            }
+        })
     }
 
     /// The database's clock (unix ms): the clock every lease time is on.

@@ -213,10 +213,20 @@ pub(super) fn set_usage(
 }
 
 /// `resumed_at` keeps the first resume (SPEC 6.5); the count grows on every resume.
-pub(super) fn mark_resumed(db: &impl Db, run_id: &str, at: i64) -> Result<Outcome, DbError> {
+pub(super) fn mark_resumed(
+    db: &impl Db,
+    run_id: &str,
+    at: i64,
+    counted: bool,
+) -> Result<Outcome, DbError> {
+    // A constant in the text, not a parameter: one statement per value, and no
+    // integer width for PostgreSQL to infer.
+    let add = if counted { 1 } else { 0 };
     db.exec(
-        "UPDATE pipeline_runs SET resumed_at = COALESCE(resumed_at, ?2), \
-         resume_count = resume_count + 1 WHERE id = ?1",
+        &format!(
+            "UPDATE pipeline_runs SET resumed_at = COALESCE(resumed_at, ?2), \
+             resume_count = resume_count + {add} WHERE id = ?1"
+        ),
         &[&run_id, &at],
     )?;
     Ok(Outcome::Done)

@@ -78,9 +78,13 @@ pub enum Write {
         cost_usd: f64,
     },
     /// Sets `resumed_at` on the first resume and increments `resume_count`.
+    /// Sets `resumed_at` (the first time) and counts the resume in
+    /// `resume_count` unless it was a clean handoff (`counted: false`: another
+    /// replica released the run at a step boundary, nothing was in flight).
     MarkResumed {
         run_id: String,
         at: i64,
+        counted: bool,
     },
     InsertApproval(ApprovalRecord),
     SetApprovalDelivery {
@@ -154,11 +158,16 @@ pub enum Write {
     /// released, expired) or already `replica`'s. [`Outcome::Claimed`] with the new
     /// epoch, [`Outcome::ClaimLost`] with the lease as it is now, or
     /// [`Outcome::NotRunning`] for a run missing or finished.
+    ///
+    /// `holder_gone`: the caller has seen the holder's session end (its liveness
+    /// lock was free, `Store::replica_gone`), so an unexpired lease of that holder
+    /// may be taken too; the epoch compare-and-set still decides who wins.
     ClaimRun {
         run_id: String,
         replica: String,
         expected_epoch: u64,
         lease_ms: u64,
+        holder_gone: bool,
     },
     /// Applied only if an insert earlier in the batch inserted its run (like the
     /// `...IfInserted` writes; `Outcome::Done` otherwise): leases the new run to
@@ -367,7 +376,11 @@ impl Write {
                 tokens_used,
                 cost_usd,
             } => runs::set_usage(db, run_id, *tokens_used, *cost_usd),
-            Write::MarkResumed { run_id, at } => runs::mark_resumed(db, run_id, *at),
+            Write::MarkResumed {
+                run_id,
+                at,
+                counted,
+            } => runs::mark_resumed(db, run_id, *at, *counted),
             Write::InsertApproval(approval) => approvals::insert(db, approval),
             Write::SetApprovalDelivery {
                 token,
@@ -412,7 +425,15 @@ impl Write {
                 replica,
                 expected_epoch,
                 lease_ms,
-            } => replicas::claim(db, run_id, replica, *expected_epoch, *lease_ms),
+                holder_gone,
+            } => replicas::claim(
+                db,
+                run_id,
+                replica,
+                *expected_epoch,
+                *lease_ms,
+                *holder_gone,
+            ),
             Write::LeaseNewRun {
                 run_id,
                 replica,

@@ -43,7 +43,24 @@ pub fn redact(url: &str) -> String {
 /// stays open for that long; the server releases the lock when the connection
 /// ends, a crash included).
 pub struct SessionLock {
-    _conn: PgConn,
+    conn: PgConn,
+}
+
+impl SessionLock {
+    /// Whether the lock is still held: its connection has not ended (a database
+    /// restart or a network failure ends it, and the server drops the lock then).
+    pub fn is_held(&self) -> bool {
+        !self.conn.is_closed()
+    }
+}
+
+/// The advisory lock key a replica holds for its lifetime, so the others can tell
+/// at once that its session ended (a kill, a lost host): a hash of its id.
+pub fn replica_lock_key(replica: &str) -> i64 {
+    let h = blake3::hash(format!("vectorstep replica {replica}").as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h.as_bytes()[..8]);
+    i64::from_le_bytes(b)
 }
 
 /// The advisory lock key a `serve` holds for its lifetime on PostgreSQL ("serve"
@@ -56,7 +73,7 @@ pub fn try_session_lock(url: &str, key: i64) -> Result<Option<SessionLock>, PgEr
     let conn = PgConn::connect(url)?;
     let rows = conn.query_raw("SELECT pg_try_advisory_lock($1)", &[&key])?;
     let got: bool = rows.first().map(|r| r.get(0)).unwrap_or(false);
-    Ok(got.then_some(SessionLock { _conn: conn }))
+    Ok(got.then_some(SessionLock { conn }))
 }
 
 /// Connects to `url` and brings its schema up to date (what `Store::open_postgres`

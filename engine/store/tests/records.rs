@@ -46,10 +46,18 @@ fn finish_usage_and_resume_update_the_run() {
             Write::MarkResumed {
                 run_id: "r1".into(),
                 at: 10,
+                counted: true,
             },
             Write::MarkResumed {
                 run_id: "r1".into(),
                 at: 20,
+                counted: true,
+            },
+            // A clean handoff sets nothing new and is not counted.
+            Write::MarkResumed {
+                run_id: "r1".into(),
+                at: 30,
+                counted: false,
             },
             Write::SetRunUsage {
                 run_id: "r1".into(),
@@ -66,7 +74,7 @@ fn finish_usage_and_resume_update_the_run() {
             },
         ],
     );
-    assert_eq!(out, vec![Outcome::Done; 4]);
+    assert_eq!(out, vec![Outcome::Done; 5]);
     let got = store.run("r1").unwrap().expect("run exists");
     assert_eq!(got.resumed_at, Some(10), "the first resume time is kept");
     assert_eq!(got.resume_count, 2);
