@@ -102,6 +102,13 @@ catalogue! {
         in_flight: Vec<String>,
         on_interrupted: String,
         resume_count: u32,
+        /// On a shared store: the replica that drove the run before (absent when
+        /// this replica's own earlier drive, or nobody, held it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        from_replica: Option<String>,
+        /// On a shared store: the replica driving it now.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        replica: Option<String>,
     }
     /// The run was not resumed after a restart (`reason`: `pipeline_missing`,
     /// `not_durable`, `config_changed`, `max_age_exceeded`,

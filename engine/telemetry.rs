@@ -8,6 +8,7 @@ pub const RUNS_STARTED: &str = "vectorstep_runs_started_total";
 pub const RUNS_FINISHED: &str = "vectorstep_runs_finished_total";
 pub const RUNS_IN_PROGRESS: &str = "vectorstep_runs_in_progress";
 pub const RUNS_RESUMED: &str = "vectorstep_runs_resumed_total";
+pub const RUNS_ADOPTED: &str = "vectorstep_runs_adopted_total";
 pub const RUNS_INTERRUPTED: &str = "vectorstep_runs_interrupted_total";
 pub const STEPS: &str = "vectorstep_steps_total";
 pub const STEP_DURATION: &str = "vectorstep_step_duration_seconds";
@@ -35,6 +36,11 @@ pub fn runs_in_progress(n: usize) {
 
 pub fn run_resumed(pipeline: &str) {
     counter!(RUNS_RESUMED, "pipeline" => pipeline.to_string()).increment(1);
+}
+
+/// A run taken over from another replica (SPEC 11.2).
+pub fn run_adopted(pipeline: &str) {
+    counter!(RUNS_ADOPTED, "pipeline" => pipeline.to_string()).increment(1);
 }
 
 pub fn run_interrupted(pipeline: &str, reason: &str) {

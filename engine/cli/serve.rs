@@ -23,11 +23,11 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
     check_exposure(&config)?;
     // First of all: a second `serve` on this store stops here, before it binds,
     // sweeps or migrates anything. Held (and its file removed) until `serve` returns.
-    // On SQLite a lock file beside the database; on PostgreSQL a session advisory
-    // lock, until runs are leased between replicas (docs/replicas.md).
-    let (store_lock, _pg_lock) = match &config.database_url {
-        Some(url) => (None, Some(sole_serve_on_postgres(url)?)),
-        None => (Some(ServeLock::acquire(&config.database_path)?), None),
+    // On SQLite a lock file beside the database. On PostgreSQL any number of
+    // `serve` processes share the store: each leases the runs it drives.
+    let store_lock = match &config.database_url {
+        Some(_) => None,
+        None => Some(ServeLock::acquire(&config.database_path)?),
     };
     if let Some(lock) = &store_lock {
         tracing::debug!(lock = %lock.path().display(), "Store lock taken.");
@@ -48,6 +48,13 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         .build()?;
     let result = rt.block_on(async move {
         let engine = Engine::new(config.clone(), set, store, Executors::standard(&config), Arc::new(SystemClock));
+        // On a shared store this process is a replica with an id of its own, and
+        // every run it creates or adopts is leased to it (runner::leases).
+        let replica_id = engine.store.is_shared().then(vectorstep::runner::replica::new_id);
+        if let Some(id) = &replica_id {
+            let lease_ms = config.replica.lease_seconds.saturating_mul(1000);
+            engine.lease_runs_as(Arc::new(vectorstep::runner::leases::LeaseBook::new(id, lease_ms)));
+        }
         // Runs waiting for a human hold no task here (runner::park).
         engine.enable_parking();
         // Human steps send through Telegram and its messages show decisions.
@@ -73,14 +80,14 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         // timeout, per notification) must not hold back readiness or resumes. The
         // outbox's claim set keeps it from racing a run's own delivery. The same
         // task retries failed deliveries until shutdown (runner::outbox).
-        // On a shared store: this process is a replica with an id of its own,
-        // registered before anything is resumed, heartbeating until shutdown.
-        let heartbeat = if engine.store.is_shared() {
-            let id = vectorstep::runner::replica::new_id();
-            vectorstep::runner::replica::register(&engine, &id, ReplicaKind::Serve).await?;
-            Some(tokio::spawn(vectorstep::runner::replica::heartbeat(engine.clone(), id, ReplicaKind::Serve)))
-        } else {
-            None
+        // On a shared store: registered before anything is resumed, heartbeating
+        // until shutdown.
+        let heartbeat = match replica_id {
+            Some(id) => {
+                let liveness = vectorstep::runner::replica::register(&engine, &id, ReplicaKind::Serve).await?;
+                Some(tokio::spawn(vectorstep::runner::replica::heartbeat(engine.clone(), id, ReplicaKind::Serve, liveness)))
+            }
+            None => None,
         };
         outbox::start_retries(engine.services());
         let resumable = sweep::sweep(&engine).await?;
@@ -91,8 +98,10 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             let engine = engine.clone();
             tokio::spawn(async move { sweep::resume_all(&engine, resumable).await });
         }
-        // Runs of `vectorstep run` processes that die from now on are adopted too.
+        // Runs of `vectorstep run` processes that die from now on are adopted too;
+        // on a shared store, so are the runs of replicas that die.
         let owners = tokio::spawn(sweep::watch_owners(engine.clone()));
+        let orphans = engine.store.is_shared().then(|| tokio::spawn(vectorstep::runner::adopt::watch(engine.clone())));
         let scheduler = tokio::spawn(vectorstep::runner::schedule::run(engine.clone()));
         // After the sweep, so a press for a run that was just interrupted is answered
         // "already decided" instead of deciding it. Stops by itself when shutdown begins.
@@ -111,6 +120,13 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         }
         scheduler.abort();
         owners.abort();
+        if let Some(o) = orphans {
+            o.abort();
+        }
+        if idle {
+            // Every run stopped at a step boundary: hand them over at once.
+            vectorstep::runner::adopt::release_all(&engine).await;
+        }
         if let Some(p) = poller {
             p.abort();
         }
@@ -191,20 +207,5 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
-    }
-}
-
-/// One `serve` per PostgreSQL database for now: a second one would take the first
-/// one's running runs for its own. Held until `serve` returns.
-fn sole_serve_on_postgres(url: &str) -> anyhow::Result<vectorstep::store::SessionLock> {
-    use vectorstep::store::{lock_sole_serve, redact_url as redact};
-    match lock_sole_serve(url) {
-        Ok(Some(lock)) => Ok(lock),
-        Ok(None) => anyhow::bail!(
-            "another `vectorstep serve` is already using the PostgreSQL database {}; \
-             stop it first (one serve per database until runs are leased between replicas, see docs/replicas.md)",
-            redact(url)
-        ),
-        Err(e) => Err(anyhow::Error::new(e).context("cannot open the store")),
     }
 }

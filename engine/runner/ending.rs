@@ -97,13 +97,20 @@ pub(super) async fn close_terminal(
 }
 
 pub(super) async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Result<(), Error> {
-    let count = rs.run.resume_count + 1;
+    // On a shared store: who drove it before, and whether it was handed over
+    // cleanly (not counted toward `max_resume_attempts`).
+    let book = rs.services.leases();
+    let adoption = book.and_then(|b| b.take_adoption(rs.id()));
+    let counted = !adoption.as_ref().is_some_and(|a| a.clean_handoff);
+    let count = rs.run.resume_count + u32::from(counted);
     let event = Event::RunResumed {
         steps_skipped: plan.steps_skipped,
         branches_skipped: plan.branches_skipped,
         in_flight: plan.in_flight.clone(),
         on_interrupted: plan.on_interrupted.as_str().to_string(),
         resume_count: count,
+        from_replica: adoption.and_then(|a| a.from_replica),
+        replica: book.map(|b| b.replica().to_string()),
     };
     tracing::warn!(
         run_id = %rs.id(),
@@ -130,6 +137,7 @@ pub(super) async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Res
         Write::MarkResumed {
             run_id: rs.id().to_string(),
             at: now,
+            counted,
         },
     ]);
     rs.run.resume_count = count;

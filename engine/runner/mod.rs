@@ -25,6 +25,7 @@ use crate::pipeline::{Pipeline, PipelineSet};
 use crate::run::context::Normalised;
 use crate::store::{Outcome, RunRecord, Store, Write};
 
+pub mod adopt;
 pub mod agent;
 mod branch;
 mod call;
@@ -32,6 +33,7 @@ mod drive;
 mod ending;
 mod group;
 mod human;
+pub mod leases;
 pub mod outbox;
 mod park;
 mod persist;
@@ -354,6 +356,14 @@ impl Engine {
             }
             _ => None,
         };
+        // On a shared store the run is this replica's from its first commit.
+        if let Some(book) = self.leases() {
+            writes.push(Write::LeaseNewRun {
+                run_id: id.clone(),
+                replica: book.replica().to_string(),
+                lease_ms: book.lease_ms(),
+            });
+        }
         let outcomes = self.store.commit(writes).await?;
         match outcomes.into_iter().next() {
             Some(Outcome::DuplicateRunning { existing_run_id }) => Ok(Created::Duplicate {
@@ -370,6 +380,15 @@ impl Engine {
                 run_id: existing_run_id,
             }),
             _ => {
+                if let Some(book) = self.leases() {
+                    book.hold(
+                        &id,
+                        leases::Held {
+                            epoch: 1,
+                            adopted: None,
+                        },
+                    );
+                }
                 crate::telemetry::run_started(&pipeline.name);
                 tracing::info!(run_id = %id, pipeline = %pipeline.name, source = %fresh.trigger.source, "Run started.");
                 if let Ok(mut map) = self.fresh.lock() {
@@ -418,6 +437,8 @@ impl Engine {
                     persist::close_failed(self, run_id, e).await;
                 } else if matches!(e, Error::UnknownRun(_)) {
                     tracing::error!(run_id = %run_id, error = %e, "Run driver failed.");
+                } else if persist::lost_lease(e) {
+                    tracing::warn!(run_id = %run_id, error = %e, "Stopped driving the run: another replica has taken it over, and nothing more of this drive was recorded.");
                 } else {
                     tracing::warn!(run_id = %run_id, error = %e, "Run driver stopped during shutdown with the store unwritable; the run stays running and resumes on the next start.");
                 }
@@ -426,6 +447,15 @@ impl Engine {
                 // Nothing in this process asks about the run again until a new drive
                 // starts it afresh; a parked run keeps its state for that drive.
                 self.signals.forget_run(run_id);
+            }
+            if matches!(result, Ok(RunEnd::Finished(_)))
+                || result.as_ref().is_err_and(persist::lost_lease)
+            {
+                // Ended, or lost: no more commits for it here. A drained or parked
+                // run keeps its lease (released at shutdown, renewed meanwhile).
+                if let Some(book) = self.leases() {
+                    book.forget(run_id);
+                }
             }
             self.release_slot();
             result

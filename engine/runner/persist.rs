@@ -28,11 +28,23 @@ pub(super) async fn commit(
     writes: Vec<Write>,
 ) -> Result<Vec<Outcome>, Error> {
     let mut writes = writes;
+    // A leased run's commit is fenced by its epoch (see `leases`); the fence's own
+    // outcome is not the caller's.
+    let fenced = match engine.leases().and_then(|b| b.fence(run_id)) {
+        Some(fence) => {
+            writes.insert(0, fence);
+            true
+        }
+        None => false,
+    };
     let mut delay = FIRST_BACKOFF;
     let mut failures: u64 = 0;
     loop {
         let rejected = match engine.store.commit_or_return(writes).await {
-            Ok(outcomes) => {
+            Ok(mut outcomes) => {
+                if fenced && !outcomes.is_empty() {
+                    outcomes.remove(0);
+                }
                 if failures > 0 {
                     tracing::info!(
                         run_id,
@@ -44,6 +56,13 @@ pub(super) async fn commit(
             }
             Err(r) => r,
         };
+        if matches!(rejected.error, crate::store::Error::Fenced { .. }) {
+            // Another replica holds the run now: this one stops driving it.
+            if let Some(book) = engine.leases() {
+                book.forget(run_id);
+            }
+            return Err(rejected.error.into());
+        }
         if !rejected.error.is_retriable() || engine.is_shutting_down() {
             return Err(rejected.error.into());
         }
@@ -104,10 +123,18 @@ async fn wait_unless_shutdown(engine: &Services, delay: Duration) -> bool {
 /// waiting out because shutdown began (the next start resumes that run).
 pub(super) fn must_close(engine: &Services, e: &Error) -> bool {
     match e {
+        // Not ours to close any more: the replica that took it over drives it.
+        Error::Store(crate::store::Error::Fenced { .. }) => false,
         Error::Store(s) => !(s.is_retriable() && engine.is_shutting_down()),
         Error::UnknownRun(_) => false,
         Error::UnknownPipeline(_) | Error::CorruptRun { .. } => true,
     }
+}
+
+/// Whether a driver ended because another replica took its run over (a refused
+/// fence): it stops without writing anything more for the run.
+pub(super) fn lost_lease(e: &Error) -> bool {
+    matches!(e, Error::Store(crate::store::Error::Fenced { .. }))
 }
 
 /// Closes a run whose driver failed for good as `failed`, with the reason in the

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::Engine;
 use crate::run::lease::{Replica, Timing};
-use crate::store::{Outcome, ReplicaKind, ReplicaRecord, Write};
+use crate::store::{lock_replica, Outcome, ReplicaKind, ReplicaRecord, SessionLock, Write};
 
 /// This boot's replica id: a time-ordered UUID, so ids sort by start.
 pub fn new_id() -> String {
@@ -66,19 +66,63 @@ fn beat(engine: &Engine, id: &str, kind: ReplicaKind, host: &Option<String>) -> 
     }
 }
 
-/// Registers this replica: its first heartbeat, committed before the process says
-/// it is ready.
-pub async fn register(engine: &Engine, id: &str, kind: ReplicaKind) -> Result<(), super::Error> {
+/// This replica's liveness lock (`store::lock_replica`): while its database
+/// session lives, the others know it does; once it ends (a kill, a lost
+/// connection) they may take its runs before the leases expire. Taken again after
+/// a database restart ended the session.
+pub struct Liveness {
+    url: Option<String>,
+    lock: Option<SessionLock>,
+}
+
+impl Liveness {
+    fn take(url: &Option<String>, id: &str) -> Liveness {
+        let lock = url.as_deref().and_then(|u| match lock_replica(u, id) {
+            Ok(lock) => lock,
+            Err(e) => {
+                tracing::warn!(replica = id, error = %e, "Could not take this replica's liveness lock; its runs are taken over only once their leases expire.");
+                None
+            }
+        });
+        Liveness {
+            url: url.clone(),
+            lock,
+        }
+    }
+
+    /// Takes the lock again if its session ended.
+    fn keep(&mut self, id: &str) {
+        if self.lock.as_ref().is_some_and(SessionLock::is_held) || self.url.is_none() {
+            return;
+        }
+        if let Some(url) = &self.url {
+            self.lock = lock_replica(url, id).ok().flatten();
+            if self.lock.is_some() {
+                tracing::info!(replica = id, "This replica's liveness lock is held again.");
+            }
+        }
+    }
+}
+
+/// Registers this replica: its liveness lock, then its first heartbeat, committed
+/// before the process says it is ready.
+pub async fn register(
+    engine: &Engine,
+    id: &str,
+    kind: ReplicaKind,
+) -> Result<Liveness, super::Error> {
+    let liveness = Liveness::take(&engine.config.database_url, id);
     engine
         .store
         .commit(vec![beat(engine, id, kind, &host_name())])
         .await?;
     tracing::info!(replica = id, "Registered as a replica of the shared store.");
-    Ok(())
+    Ok(liveness)
 }
 
 /// Heartbeats until shutdown begins, then records that this replica stopped.
-pub async fn heartbeat(engine: Arc<Engine>, id: String, kind: ReplicaKind) {
+pub async fn heartbeat(engine: Arc<Engine>, id: String, kind: ReplicaKind, liveness: Liveness) {
+    let mut liveness = liveness;
     let host = host_name();
     let every = Duration::from_millis(u64::try_from(timing(&engine).heartbeat_ms).unwrap_or(1000));
     let mut shutdown = engine.shutdown_signal();
@@ -88,6 +132,7 @@ pub async fn heartbeat(engine: Arc<Engine>, id: String, kind: ReplicaKind) {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.changed() => break,
         }
+        liveness.keep(&id);
         match engine
             .store
             .commit(vec![beat(&engine, &id, kind, &host)])

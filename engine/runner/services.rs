@@ -45,6 +45,9 @@ pub struct Services {
     pub(super) parking: Mutex<Parking>,
     pub(super) parking_changed: tokio::sync::Notify,
     parking_enabled: AtomicBool,
+    /// The run leases of this replica on a shared store (see `leases`); unset on
+    /// SQLite and in `vectorstep run`.
+    leases: std::sync::OnceLock<Arc<super::leases::LeaseBook>>,
 }
 
 impl Services {
@@ -74,7 +77,19 @@ impl Services {
             parking: Mutex::new(Parking::default()),
             parking_changed: tokio::sync::Notify::new(),
             parking_enabled: AtomicBool::new(false),
+            leases: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Makes this process a replica that leases its runs (`serve` on a shared
+    /// store), before any run is created or resumed. Set once.
+    pub fn lease_runs_as(&self, book: Arc<super::leases::LeaseBook>) {
+        let _ = self.leases.set(book);
+    }
+
+    /// This replica's leases, on a shared store.
+    pub fn leases(&self) -> Option<&super::leases::LeaseBook> {
+        self.leases.get().map(Arc::as_ref)
     }
 
     pub fn now_ms(&self) -> i64 {

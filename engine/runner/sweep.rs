@@ -95,7 +95,13 @@ pub fn decide(run: &RunRecord, pipelines: &PipelineSet, config: &Config, now_ms:
 /// Applies the sweep: interrupts what cannot resume and returns the runs to resume,
 /// oldest first. Nothing is started here. A run owned by a live `vectorstep run`
 /// process is left alone; the runs of an owner that died are adopted like any other.
+///
+/// On a shared store the start-up sweep is the replica's first orphan sweep
+/// (`adopt`): only runs nobody else drives are taken.
 pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
+    if engine.leases().is_some() {
+        return super::adopt::claim_orphans(engine).await;
+    }
     let listed = engine.store.running_runs_with_owners()?;
     let mut owners = Owners::new(engine.store.path());
     let mut runs = Vec::new();
@@ -121,7 +127,7 @@ pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
             }
         }
     }
-    let resume = settle(engine, runs, &adopted).await?;
+    let resume = settle(engine, runs, &adopted, &HashSet::new()).await?;
     // The dead owners' lock files go once their runs are ours.
     drop(owners);
     Ok(resume)
@@ -187,7 +193,7 @@ pub async fn adopt_orphans(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error
         "Adopting {} run(s) of a `vectorstep run` process that died without ending them.",
         runs.len()
     );
-    let resume = settle(engine, runs, &adopted).await?;
+    let resume = settle(engine, runs, &adopted, &HashSet::new()).await?;
     drop(owners);
     Ok(resume)
 }
@@ -272,10 +278,14 @@ impl<'a> Owners<'a> {
 /// Interrupts what cannot resume among `runs` and returns the rest, in order. The
 /// runs in `adopted` (whose owner died) become `serve`'s: their owner is cleared in
 /// the same commit.
-async fn settle(
+///
+/// The runs in `uncounted` were handed over cleanly by another replica: taking
+/// them is not a resume attempt, so `max_resume_attempts` does not stop them.
+pub(super) async fn settle(
     engine: &Arc<Engine>,
     runs: Vec<RunRecord>,
     adopted: &HashSet<String>,
+    uncounted: &HashSet<String>,
 ) -> Result<Vec<RunRecord>, Error> {
     let pipelines = engine.pipelines();
     let now = engine.now_ms();
@@ -289,7 +299,16 @@ async fn settle(
                 owner: None,
             });
         }
-        match decide(&run, &pipelines, &engine.config, now) {
+        let decision = if uncounted.contains(&run.id) {
+            let fresh = RunRecord {
+                resume_count: 0,
+                ..run.clone()
+            };
+            decide(&fresh, &pipelines, &engine.config, now)
+        } else {
+            decide(&run, &pipelines, &engine.config, now)
+        };
+        match decision {
             Decision::Resume => resume.push(run),
             Decision::Interrupt {
                 event,

@@ -1,0 +1,284 @@
+//! Several `serve` replicas on one PostgreSQL database (docs/replicas.md): a
+//! replica killed with its runs in flight has them adopted by another, and a
+//! replica frozen past its lease (SIGSTOP) that wakes up finds its writes refused
+//! and changes nothing any more.
+//!
+//! Real processes, a real throwaway PostgreSQL and a webhook peer on 127.0.0.1
+//! that logs every request (idempotency key, attempt, when). The tests of this
+//! binary run one at a time: each freezes or kills processes at chosen moments.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::crash_support::{events, Scratch, Service};
+use common::peer::{Answer, HoldingPeer, Reply, Seen};
+use serde_json::json;
+use vectorstep::store::Store;
+
+/// One test at a time: they kill and freeze processes by the clock.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// `steps` durable webhook steps posting to `url`.
+fn pipeline(url: &str, steps: usize) -> String {
+    let mut yaml = "name: p\ntrigger: {match: {source: generic}}\nstage: production\ndurable: {on_interrupted: rerun}\nsteps:\n".to_string();
+    for i in 0..steps {
+        yaml.push_str(&format!(
+            "  - name: s{i}\n    executor: webhook\n    executor_config: {{url: \"{url}/step\", timeout_seconds: 60}}\n    prompt_template: '{{\"step\": \"s{i}\"}}'\n"
+        ));
+    }
+    yaml
+}
+
+/// Two scratch folders (own config and log each) on one fresh PostgreSQL database.
+fn two_replicas(pipeline_yaml: &str) -> (Scratch, Scratch) {
+    let first = Scratch::on_postgres();
+    let second = Scratch::on(first.database.clone());
+    for s in [&first, &second] {
+        s.write_pipeline("p", pipeline_yaml);
+    }
+    (first, second)
+}
+
+/// The id of the one replica not in `known` that has not stopped.
+fn new_replica(store: &Store, known: &[String]) -> String {
+    let ids: Vec<String> = store
+        .replicas()
+        .expect("replicas")
+        .into_iter()
+        .filter(|r| r.stopped_at.is_none() && !known.contains(&r.id))
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ids.len(), 1, "one new replica: {ids:?}");
+    ids.into_iter().next().expect("one")
+}
+
+/// The requests for each idempotency key.
+fn by_key(peer: &HoldingPeer) -> BTreeMap<String, Vec<Seen>> {
+    peer.for_path("/step")
+        .into_iter()
+        .fold(BTreeMap::new(), |mut m, r| {
+            m.entry(r.key().to_string()).or_default().push(r);
+            m
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_replicas_runs_are_adopted_by_another_and_no_finished_step_runs_again() {
+    let _serial = SERIAL.lock().await;
+    const RUNS: usize = 12;
+    const STEPS: usize = 4;
+    let peer = HoldingPeer::start(|r| {
+        // 200-400 ms per request, by its key: long enough that a kill lands on
+        // steps in flight.
+        let ms = 200 + (r.seq % 5) as u64 * 50;
+        Answer::Reply(
+            Reply::output(1.0, &format!("attempt {}", r.attempt()))
+                .delayed(Duration::from_millis(ms)),
+        )
+    })
+    .await;
+    let (a_dir, b_dir) = two_replicas(&pipeline(&peer.url(), STEPS));
+    let store = a_dir.open_store();
+    let mut a = Service::start(&a_dir.root).await;
+    let a_id = new_replica(&store, &[]);
+    let b = Service::start(&b_dir.root).await;
+    let b_id = new_replica(&store, std::slice::from_ref(&a_id));
+
+    let mut ids = Vec::new();
+    for i in 0..RUNS {
+        ids.push(a.post_run("p", json!({"n": i})).await);
+    }
+    // Kill A while its runs are between their first and last steps.
+    peer.wait_for("a third of the steps requested", |seen| {
+        seen.len() >= RUNS * STEPS / 3
+    })
+    .await;
+    a.kill9();
+    let killed_at = Instant::now();
+    let in_flight: Vec<String> = peer
+        .for_path("/step")
+        .into_iter()
+        .filter(|r| !r.answered)
+        .map(|r| r.key().to_string())
+        .collect();
+    eprintln!(
+        "failover: killed A with {} request(s) in flight",
+        in_flight.len()
+    );
+
+    let mut adopted = 0;
+    for id in &ids {
+        let run = b
+            .wait_until(id, |r| r["status"] != "running", Duration::from_secs(30))
+            .await;
+        assert_eq!(run["status"], "completed", "{id}: {run}");
+        let resumed = events(&run, "run_resumed");
+        if let Some(e) = resumed.first() {
+            assert_eq!(resumed.len(), 1, "{id}: adopted once: {resumed:?}");
+            assert_eq!(e["from_replica"], a_id.as_str(), "{id}: {e}");
+            assert_eq!(e["replica"], b_id.as_str(), "{id}: {e}");
+            adopted += 1;
+        }
+        let record = store.run(id).expect("read").expect("run");
+        let lease = store.lease(id).expect("read lease");
+        if !resumed.is_empty() {
+            assert_eq!(
+                lease.map(|l| l.owner),
+                Some(b_id.clone()),
+                "{id}: adopted under B's lease ({record:?})"
+            );
+        }
+    }
+    assert!(
+        adopted > 0,
+        "some runs were running at the kill and were adopted"
+    );
+    eprintln!(
+        "failover: {adopted} run(s) adopted; all done {:?} after the kill",
+        killed_at.elapsed()
+    );
+
+    // Each (run, step) was requested once, or twice only when the first request
+    // was in flight at the kill; the second carries the next attempt.
+    let seen = by_key(&peer);
+    assert_eq!(
+        seen.len(),
+        RUNS * STEPS,
+        "every step of every run requested"
+    );
+    for (key, copies) in &seen {
+        match copies.len() {
+            1 => {}
+            2 => {
+                assert!(
+                    in_flight.contains(key),
+                    "{key}: requested again though it was not in flight at the kill"
+                );
+                assert!(copies[1].attempt() > copies[0].attempt(), "{key}: attempts");
+            }
+            n => panic!("{key}: requested {n} times"),
+        }
+    }
+
+    // B counts what it adopted.
+    let metrics = reqwest::get(b.url("/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("vectorstep_runs_adopted_total{"))
+        .unwrap_or_else(|| panic!("no runs_adopted_total in:\n{metrics}"));
+    let n: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a count");
+    assert_eq!(n as usize, adopted, "{line}");
+}
+
+/// Sends `signal` to the service's process.
+fn signal(svc: &Service, signal: libc::c_int) {
+    // SAFETY: a signal to our own child, which has not been reaped.
+    let rc = unsafe { libc::kill(svc.pid() as libc::pid_t, signal) };
+    assert_eq!(rc, 0, "kill({signal})");
+}
+
+/// What the store holds of a run: its steps and its log, for before/after checks.
+fn snapshot(store: &Store, id: &str) -> (String, Vec<String>) {
+    let steps = format!("{:?}", store.steps(id).expect("steps"));
+    let log: Vec<String> = store
+        .events(id)
+        .expect("events")
+        .into_iter()
+        .map(|e| format!("{e:?}"))
+        .collect();
+    (steps, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_replica_that_wakes_after_its_runs_were_adopted_changes_nothing() {
+    let _serial = SERIAL.lock().await;
+    // The first request of the run's one step is answered after 6 s (A is frozen
+    // meanwhile); the adopter's is answered at once.
+    let peer = HoldingPeer::start(|r| {
+        let reply = Reply::output(1.0, &format!("attempt {}", r.attempt()));
+        if r.attempt() <= 1 {
+            Answer::Reply(reply.delayed(Duration::from_secs(6)))
+        } else {
+            Answer::Reply(reply)
+        }
+    })
+    .await;
+    let (a_dir, b_dir) = two_replicas(&pipeline(&peer.url(), 1));
+    let store = a_dir.open_store();
+    let a = Service::start(&a_dir.root).await;
+    let a_id = new_replica(&store, &[]);
+    let b = Service::start(&b_dir.root).await;
+    let b_id = new_replica(&store, std::slice::from_ref(&a_id));
+
+    let id = a.post_run("p", json!({})).await;
+    peer.wait_for_path("/step", 1).await;
+    // Frozen with its request in flight and its session open: the lease (3 s) runs
+    // out, and B adopts the run by time.
+    signal(&a, libc::SIGSTOP);
+    let run = b
+        .wait_until(&id, |r| r["status"] != "running", Duration::from_secs(30))
+        .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let resumed = events(&run, "run_resumed");
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["from_replica"], a_id.as_str());
+    assert_eq!(resumed[0]["replica"], b_id.as_str());
+    let lease = store.lease(&id).expect("lease").expect("leased");
+    assert_eq!(lease.owner, b_id, "B holds it now: {lease:?}");
+    let before = snapshot(&store, &id);
+
+    // A wakes; its request's answer arrives and its commit is refused.
+    signal(&a, libc::SIGCONT);
+    peer.wait_for("A's request answered", |seen| {
+        seen.iter().any(|r| r.attempt() <= 1 && r.answered)
+    })
+    .await;
+    let said_stopped = || {
+        std::fs::read_to_string(a_dir.root.join("serve.log"))
+            .unwrap_or_default()
+            .contains("another replica has taken it over")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !said_stopped() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Give a zombie every chance to write something more.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        snapshot(&store, &id),
+        before,
+        "A changed nothing after it woke"
+    );
+    assert!(
+        said_stopped(),
+        "A said it stopped driving the run\n{}",
+        a.log_tail()
+    );
+    let step = &store.steps(&id).expect("steps")[0];
+    assert_eq!(
+        step.attempts, 2,
+        "B's attempt is the one recorded: {step:?}"
+    );
+    assert!(
+        step.output_json
+            .as_deref()
+            .unwrap_or("")
+            .contains("attempt 2"),
+        "B's answer is the recorded output: {step:?}"
+    );
+    assert_eq!(events(&run, "step_completed").len(), 1);
+    let record = store.run(&id).expect("read").expect("run");
+    assert_eq!(record.resume_count, 1, "{record:?}");
+    drop(b);
+}
