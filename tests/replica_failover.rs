@@ -282,3 +282,34 @@ async fn a_frozen_replica_that_wakes_after_its_runs_were_adopted_changes_nothing
     assert_eq!(record.resume_count, 1, "{record:?}");
     drop(b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cron_tick_fires_once_across_replicas() {
+    let _serial = SERIAL.lock().await;
+    let tick = "name: tick\ntrigger: {match: {source: scheduler}}\nstage: production\nschedule: {cron: \"* * * * * *\", summary: every second}\nsteps:\n  - {name: a, executor: mock}\n";
+    let (a_dir, b_dir) = two_replicas(tick);
+    let store = a_dir.open_store();
+    let a = Service::start(&a_dir.root).await;
+    let b = Service::start(&b_dir.root).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let mut ticks: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for run in a.list_runs().await {
+        let id = run["id"].as_str().expect("id").to_string();
+        let record = store.run(&id).expect("read").expect("run");
+        let context: serde_json::Value =
+            serde_json::from_str(&record.context_json).expect("context JSON");
+        let tick = context["metadata"]["scheduled_for"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{id}: no scheduled_for in {context}"))
+            .to_string();
+        ticks.entry(tick).or_default().push(id);
+    }
+    let twice: Vec<_> = ticks.iter().filter(|(_, ids)| ids.len() > 1).collect();
+    assert!(twice.is_empty(), "ticks fired more than once: {twice:?}");
+    assert!(
+        ticks.len() >= 4,
+        "a once-a-second schedule fired {} tick(s) in 6 s on two replicas",
+        ticks.len()
+    );
+    drop((a, b));
+}

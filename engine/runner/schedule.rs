@@ -1,6 +1,15 @@
 //! Cron schedules: pipelines with `schedule.cron` fire on time with source
-//! `scheduler`. The last fire time is kept in the store, so a tick missed while the
-//! service was down fires once at start, not once per missed tick. Times are UTC.
+//! `scheduler`. Times are UTC.
+//!
+//! Each schedule's next due tick is kept in the store (`schedule_ticks`), and a
+//! tick fires only through a compare-and-set of that row from the tick to the
+//! next one (`Write::AdvanceSchedule`): of several replicas waking for the same
+//! tick, exactly one advances it and starts the run; the others see it raced and
+//! wait for the next. A tick missed while every process was down fires once at
+//! the next start (the row still names it), not once per missed tick: the fire
+//! advances to the first tick after now. The tick is recorded before the run is
+//! created, so a crash between the two loses that one run rather than firing it
+//! twice. The run's trigger carries the tick it fired for (`scheduled_for`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,11 +19,17 @@ use chrono::{DateTime, Utc};
 use super::{Created, Engine};
 use crate::pipeline::Pipeline;
 use crate::run::context::Normalised;
-use crate::store::Write;
+use crate::store::{Outcome, Write};
 
-fn kv_key(pipeline: &str) -> String {
+/// Where an older build kept a schedule's last fire; read once, when a schedule
+/// has no tick row yet, so a tick it missed still fires after an upgrade.
+fn legacy_kv_key(pipeline: &str) -> String {
     format!("schedule:last_fire:{pipeline}")
 }
+
+/// How long a scheduler waits before reading its schedule again after the store
+/// failed to answer.
+const RETRY: Duration = Duration::from_secs(1);
 
 /// The next tick strictly after `after`.
 pub fn next_tick(cron: &str, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
@@ -30,8 +45,52 @@ pub fn missed(cron: &str, last: DateTime<Utc>, now: DateTime<Utc>) -> bool {
     next_tick(cron, last).is_some_and(|t| t <= now)
 }
 
-fn trigger_for(p: &Pipeline, now_ms: i64) -> Option<Normalised> {
+fn next_ms(cron: &str, after_ms: i64) -> Option<i64> {
+    let after = DateTime::<Utc>::from_timestamp_millis(after_ms)?;
+    next_tick(cron, after).map(|t| t.timestamp_millis())
+}
+
+/// What a scheduler does next about one schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TickPlan {
+    /// The schedule has no tick yet: record `next_due_at` (only if still none).
+    Init { next_due_at: i64 },
+    /// Nothing is due before `until` (unix ms).
+    Wait { until: i64 },
+    /// Tick `due` is due: advance it to `next_due_at` and, if that wins, fire.
+    Fire { due: i64, next_due_at: i64 },
+}
+
+/// Decides for schedule `cron` at `now` (unix ms), given its stored next tick and,
+/// when it has none, the last fire an older build recorded. `None`: the cron
+/// has no tick after now (never fires again).
+pub fn plan(
+    cron: &str,
+    due: Option<i64>,
+    legacy_last_fire: Option<i64>,
+    now: i64,
+) -> Option<TickPlan> {
+    match due {
+        // From the last fire of an older build: a tick missed since fires once.
+        None => Some(TickPlan::Init {
+            next_due_at: next_ms(cron, legacy_last_fire.unwrap_or(now))?,
+        }),
+        Some(due) if due <= now => Some(TickPlan::Fire {
+            due,
+            // Strictly after now: every tick missed until now collapses into this fire.
+            next_due_at: next_ms(cron, now)?,
+        }),
+        Some(due) => Some(TickPlan::Wait { until: due }),
+    }
+}
+
+fn trigger_for(p: &Pipeline, now_ms: i64, due: i64) -> Option<Normalised> {
     let s = p.schedule.as_ref()?;
+    let mut metadata = serde_json::Map::new();
+    metadata.insert(
+        "scheduled_for".into(),
+        serde_json::Value::from(crate::clock::rfc3339(due)),
+    );
     Some(Normalised {
         source: "scheduler".into(),
         pipeline: Some(p.name.clone()),
@@ -40,25 +99,17 @@ fn trigger_for(p: &Pipeline, now_ms: i64) -> Option<Normalised> {
         summary: (!s.summary.is_empty()).then(|| s.summary.clone()),
         fingerprint: None,
         team: s.team.clone(),
-        metadata: Default::default(),
+        metadata,
         received_at: crate::clock::rfc3339(now_ms),
     })
 }
 
-async fn fire(engine: &Arc<Engine>, p: &Pipeline) {
+/// Starts the run of tick `due`, which this process has just advanced.
+async fn fire(engine: &Arc<Engine>, p: &Pipeline, due: i64) {
     let now = engine.now_ms();
-    let Some(trigger) = trigger_for(p, now) else {
+    let Some(trigger) = trigger_for(p, now, due) else {
         return;
     };
-    // Record the fire first: a crash right after must not fire it again at start.
-    let mark = Write::SetKv {
-        key: kv_key(&p.name),
-        value: now.to_string(),
-    };
-    if let Err(e) = engine.store.commit(vec![mark]).await {
-        tracing::error!(pipeline = %p.name, error = %e, "Cannot record a schedule fire; skipping it.");
-        return;
-    }
     match engine
         .create_run(p, &trigger, &serde_json::json!({}), None, None)
         .await
@@ -91,50 +142,92 @@ pub async fn run(engine: Arc<Engine>) {
     }
 }
 
+/// The stored next tick of `p` and, when it has none, an older build's last fire.
+fn read_due(
+    engine: &Engine,
+    p: &Pipeline,
+) -> Result<(Option<i64>, Option<i64>), crate::store::Error> {
+    let due = engine.store.schedule_due(&p.name)?;
+    let legacy = match due {
+        Some(_) => None,
+        None => engine
+            .store
+            .kv(&legacy_kv_key(&p.name))?
+            .and_then(|v| v.parse::<i64>().ok()),
+    };
+    Ok((due, legacy))
+}
+
 async fn run_one(engine: Arc<Engine>, p: Arc<Pipeline>) {
     let Some(cron) = p.schedule.as_ref().map(|s| s.cron.clone()) else {
         return;
     };
-    let now = DateTime::<Utc>::from_timestamp_millis(engine.now_ms()).unwrap_or_else(Utc::now);
-    let last = engine
-        .store
-        .kv(&kv_key(&p.name))
-        .ok()
-        .flatten()
-        .and_then(|v| v.parse::<i64>().ok())
-        .and_then(DateTime::<Utc>::from_timestamp_millis);
-    match last {
-        Some(last) if missed(&cron, last, now) => {
-            tracing::warn!(pipeline = %p.name, "A schedule was missed while the service was down; firing it once now.");
-            fire(&engine, &p).await;
-        }
-        Some(_) => {}
-        None => {
-            // First start with this schedule: start counting from now.
-            let _ = engine
-                .store
-                .commit(vec![Write::SetKv {
-                    key: kv_key(&p.name),
-                    value: engine.now_ms().to_string(),
-                }])
-                .await;
-        }
-    }
     let mut shutdown = engine.shutdown_signal();
+    let mut first = true;
     loop {
-        let now = DateTime::<Utc>::from_timestamp_millis(engine.now_ms()).unwrap_or_else(Utc::now);
-        let Some(next) = next_tick(&cron, now) else {
-            return;
-        };
-        let wait = (next - now).to_std().unwrap_or(Duration::ZERO);
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.changed() => return,
-        }
         if engine.is_shutting_down() {
             return;
         }
-        fire(&engine, &p).await;
+        let (due, legacy) = match read_due(&engine, &p) {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::warn!(pipeline = %p.name, error = %e, "Cannot read the schedule's next tick; trying again shortly.");
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY) => continue,
+                    _ = shutdown.changed() => return,
+                }
+            }
+        };
+        let now = engine.now_ms();
+        let Some(next) = plan(&cron, due, legacy, now) else {
+            return;
+        };
+        let (write, fires) = match next {
+            TickPlan::Wait { until } => {
+                first = false;
+                let wait = Duration::from_millis(u64::try_from(until - now).unwrap_or(0));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.changed() => return,
+                }
+                continue;
+            }
+            TickPlan::Init { next_due_at } => (
+                Write::AdvanceSchedule {
+                    pipeline: p.name.clone(),
+                    expected_due_at: None,
+                    next_due_at,
+                },
+                None,
+            ),
+            TickPlan::Fire { due, next_due_at } => (
+                Write::AdvanceSchedule {
+                    pipeline: p.name.clone(),
+                    expected_due_at: Some(due),
+                    next_due_at,
+                },
+                Some(due),
+            ),
+        };
+        match engine.store.commit(vec![write]).await {
+            Ok(outcomes) => {
+                if let (Some(due), Some(Outcome::ScheduleAdvanced)) = (fires, outcomes.first()) {
+                    if first && now - due > 1_000 {
+                        tracing::warn!(pipeline = %p.name, "A schedule was missed while the service was down; firing it once now.");
+                    }
+                    fire(&engine, &p, due).await;
+                }
+                // Raced: another replica fired (or recorded) this tick; read again.
+            }
+            Err(e) => {
+                tracing::error!(pipeline = %p.name, error = %e, "Cannot record a schedule tick; trying again shortly.");
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY) => {}
+                    _ = shutdown.changed() => return,
+                }
+            }
+        }
+        first = false;
     }
 }
 
@@ -146,6 +239,64 @@ mod tests {
         DateTime::parse_from_rfc3339(s)
             .map(|d| d.with_timezone(&Utc))
             .unwrap()
+    }
+
+    #[test]
+    fn plans() {
+        let ms = |s: &str| t(s).timestamp_millis();
+        let hourly = "0 * * * *";
+        let rows = [
+            (
+                "a new schedule starts counting from now",
+                None,
+                None,
+                "2026-12-01T10:07:00Z",
+                Some(TickPlan::Init {
+                    next_due_at: ms("2026-12-01T11:00:00Z"),
+                }),
+            ),
+            (
+                "an older build's last fire: the tick missed since is next (and due)",
+                None,
+                Some(ms("2026-12-01T05:07:00Z")),
+                "2026-12-01T10:07:00Z",
+                Some(TickPlan::Init {
+                    next_due_at: ms("2026-12-01T06:00:00Z"),
+                }),
+            ),
+            (
+                "not due yet",
+                Some(ms("2026-12-01T11:00:00Z")),
+                None,
+                "2026-12-01T10:07:00Z",
+                Some(TickPlan::Wait {
+                    until: ms("2026-12-01T11:00:00Z"),
+                }),
+            ),
+            (
+                "due on the dot",
+                Some(ms("2026-12-01T11:00:00Z")),
+                None,
+                "2026-12-01T11:00:00Z",
+                Some(TickPlan::Fire {
+                    due: ms("2026-12-01T11:00:00Z"),
+                    next_due_at: ms("2026-12-01T12:00:00Z"),
+                }),
+            ),
+            (
+                "five ticks missed: one fire, and the next tick is after now",
+                Some(ms("2026-12-01T06:00:00Z")),
+                None,
+                "2026-12-01T10:07:00Z",
+                Some(TickPlan::Fire {
+                    due: ms("2026-12-01T06:00:00Z"),
+                    next_due_at: ms("2026-12-01T11:00:00Z"),
+                }),
+            ),
+        ];
+        for (what, due, legacy, now, want) in rows {
+            assert_eq!(plan(hourly, due, legacy, ms(now)), want, "{what}");
+        }
     }
 
     #[test]
