@@ -313,3 +313,42 @@ async fn a_cron_tick_fires_once_across_replicas() {
     );
     drop((a, b));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_notification_retried_by_several_replicas_is_sent_once() {
+    let _serial = SERIAL.lock().await;
+    // The first attempt fails; the retry is answered after 1.5 s, longer than the
+    // retry passes (1 s) of both replicas, which both find the row due meanwhile.
+    let peer = HoldingPeer::start(|r| {
+        if r.seq_key == 0 {
+            Answer::Reply(Reply::json(503, json!({"down": true})))
+        } else {
+            Answer::Reply(
+                Reply::json(200, json!({"ok": true})).delayed(Duration::from_millis(1_500)),
+            )
+        }
+    })
+    .await;
+    let notifying = format!(
+        "name: p\nstage: production\ntrigger: {{match: {{source: generic}}}}\nsteps:\n  - name: tell\n    executor: notify\n    executor_config: {{channel: webhook, url: \"{}/hook\"}}\n    prompt_template: \"ping {{{{ pipeline_run_id }}}}\"\n",
+        peer.url()
+    );
+    let (a_dir, b_dir) = two_replicas(&notifying);
+    let a = Service::start(&a_dir.root).await;
+    let b = Service::start(&b_dir.root).await;
+    let id = a.post_run("p", json!({})).await;
+    b.wait_event(&id, "notification_sent").await;
+    // Every pass of both replicas has seen it delivered by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let run = b.get_run(&id).await;
+    let key = format!("{id}:tell:1:notify");
+    let sent = peer.for_key(&key);
+    assert_eq!(
+        sent.len(),
+        2,
+        "one failed attempt and one delivery, not one per replica: {:?}",
+        sent.iter().map(|r| r.seq).collect::<Vec<_>>()
+    );
+    assert_eq!(events(&run, "notification_sent").len(), 1, "{run}");
+    drop((a, b));
+}

@@ -362,6 +362,34 @@ pub fn due_at(n: &NotificationRecord, max_age_ms: i64) -> i64 {
     }
 }
 
+/// How long one delivery attempt holds its row against the other replicas: twice
+/// the 30 s a send may take, so only a sender that died mid-send lets another one
+/// send again (once this runs out).
+const CLAIM_MS: u64 = 60_000;
+
+/// On a shared store, takes the row for this attempt in the store, so a replica
+/// whose retry pass read it too does not send it as well; `false` if another
+/// sender holds it (or it was just delivered). Within one process the
+/// `delivering` set does this (see [`claim`]), so SQLite needs no write for it.
+async fn claim_across_replicas(engine: &Services, id: &str) -> bool {
+    let Some(book) = engine.leases() else {
+        return true;
+    };
+    let w = Write::ClaimNotification {
+        id: id.to_string(),
+        claimer: book.replica().to_string(),
+        claim_ms: CLAIM_MS,
+    };
+    match engine.store.commit(vec![w]).await {
+        Ok(outcomes) => outcomes.first() == Some(&crate::store::Outcome::NotificationClaimed),
+        Err(e) => {
+            // Not sent now; the next pass tries again.
+            tracing::warn!(notification_id = id, error = %e, "Cannot claim a notification for delivery; trying again later.");
+            false
+        }
+    }
+}
+
 fn claim(engine: &Services, id: &str) -> bool {
     engine
         .delivering
@@ -400,6 +428,9 @@ async fn deliver_one(engine: &Arc<Services>, n: &NotificationRecord) {
     // A list read a moment ago, or a run delivering "everything it owes", must not
     // cut a retry's wait short: the row says when it is due.
     if retrying(engine) && due_at(&current, max_age_ms(engine)) > engine.now_ms() {
+        return;
+    }
+    if !claim_across_replicas(engine, &current.id).await {
         return;
     }
     let d: Delivery = match serde_json::from_str(&current.message) {

@@ -266,6 +266,9 @@ CREATE TABLE schedule_ticks (
     pipeline_name TEXT PRIMARY KEY NOT NULL,
     next_due_at   INTEGER NOT NULL
 );
+
+ALTER TABLE notifications ADD COLUMN claimed_by TEXT;
+ALTER TABLE notifications ADD COLUMN claimed_until INTEGER;
 ";
 
 /// Applies every migration the database has not recorded yet.

@@ -69,7 +69,8 @@ pub(super) fn insert(db: &impl Db, n: &NotificationRecord) -> Result<Outcome, Db
     Ok(Outcome::Done)
 }
 
-/// `at` becomes `sent_at`: the time of the last delivery attempt, successful or not.
+/// `at` becomes `sent_at`: the time of the last delivery attempt, successful or
+/// not. The attempt is over, so its claim goes too.
 pub(super) fn mark(
     db: &impl Db,
     id: &str,
@@ -78,10 +79,37 @@ pub(super) fn mark(
     error: Option<&str>,
 ) -> Result<Outcome, DbError> {
     db.exec(
-        "UPDATE notifications SET status = ?2, sent_at = ?3, error = ?4 WHERE id = ?1",
+        "UPDATE notifications SET status = ?2, sent_at = ?3, error = ?4, \
+         claimed_by = NULL, claimed_until = NULL WHERE id = ?1",
         &[&id, &status.as_str(), &at, &error],
     )?;
     Ok(Outcome::Done)
+}
+
+/// `Write::ClaimNotification`: takes a pending row for one delivery attempt
+/// until now + `claim_ms` (database clock) if nobody else's claim is running;
+/// `NotificationClaimed`, else `NotificationBusy` (claimed elsewhere, or no
+/// longer pending).
+pub(super) fn claim(
+    db: &impl Db,
+    id: &str,
+    claimer: &str,
+    claim_ms: u64,
+) -> Result<Outcome, DbError> {
+    let now = db.now_ms_sql();
+    let changed = db.exec(
+        &format!(
+            "UPDATE notifications SET claimed_by = ?2, claimed_until = {now} + ?3 \
+             WHERE id = ?1 AND status = 'pending' AND (claimed_until IS NULL \
+             OR claimed_until <= {now} OR claimed_by = ?2)"
+        ),
+        &[&id, &claimer, &claim_ms],
+    )?;
+    Ok(if changed > 0 {
+        Outcome::NotificationClaimed
+    } else {
+        Outcome::NotificationBusy
+    })
 }
 
 impl Store {

@@ -218,6 +218,16 @@ pub enum Write {
         name: String,
         owner: String,
     },
+    /// Takes a pending notification for one delivery attempt, across replicas:
+    /// until now + `claim_ms` nobody else sends it (a sender that dies mid-send
+    /// leaves it to be sent again once the claim runs out). Cleared by its
+    /// `MarkNotification`. [`Outcome::NotificationClaimed`] or
+    /// [`Outcome::NotificationBusy`].
+    ClaimNotification {
+        id: String,
+        claimer: String,
+        claim_ms: u64,
+    },
     /// Compare-and-set of a schedule's next due tick: sets it to `next_due_at` if
     /// it is `expected_due_at` (`None`: only if the schedule has none yet).
     /// [`Outcome::ScheduleAdvanced`], or [`Outcome::ScheduleRaced`] with the tick
@@ -289,6 +299,10 @@ pub enum Outcome {
         expires_at: i64,
     },
     ScheduleAdvanced,
+    /// `ClaimNotification`: this sender may deliver it now.
+    NotificationClaimed,
+    /// `ClaimNotification`: another sender's claim runs, or it is no longer pending.
+    NotificationBusy,
     /// `AdvanceSchedule` found another tick (`None`: the schedule has none).
     ScheduleRaced {
         next_due_at: Option<i64>,
@@ -340,6 +354,7 @@ impl Write {
             Write::AcquireNamedLease { .. } => "AcquireNamedLease",
             Write::ReleaseNamedLease { .. } => "ReleaseNamedLease",
             Write::AdvanceSchedule { .. } => "AdvanceSchedule",
+            Write::ClaimNotification { .. } => "ClaimNotification",
             Write::CopyRows { .. } => "CopyRows",
         }
     }
@@ -461,6 +476,11 @@ impl Write {
                 expected_due_at,
                 next_due_at,
             } => replicas::advance_schedule(db, pipeline, *expected_due_at, *next_due_at),
+            Write::ClaimNotification {
+                id,
+                claimer,
+                claim_ms,
+            } => notifications::claim(db, id, claimer, *claim_ms),
             Write::CopyRows { table, rows } => copy::insert_rows(db, table, rows),
         }
     }

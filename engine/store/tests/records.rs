@@ -322,6 +322,47 @@ fn approvals_round_trip_and_close_with_the_run() {
 }
 
 #[test]
+fn a_notification_claim_keeps_other_senders_off_until_its_attempt_is_marked() {
+    let (_dir, store) = open_temp();
+    commit(
+        &store,
+        vec![Write::InsertNotification(notification("n1", "r1"))],
+    );
+    let claim = |who: &str, ms: u64| Write::ClaimNotification {
+        id: "n1".into(),
+        claimer: who.into(),
+        claim_ms: ms,
+    };
+    let mark = |status| Write::MarkNotification {
+        id: "n1".into(),
+        status,
+        at: 5,
+        error: None,
+    };
+    use Outcome::{NotificationBusy as Busy, NotificationClaimed as Claimed};
+    assert_eq!(
+        commit(
+            &store,
+            vec![claim("a", 60_000), claim("b", 60_000), claim("a", 60_000)]
+        ),
+        [Claimed, Busy, Claimed],
+        "held by a against b, again by a"
+    );
+    // A failed attempt stays pending and frees the row for any sender.
+    commit(&store, vec![mark(NotificationStatus::Pending)]);
+    assert_eq!(commit(&store, vec![claim("b", 0)]), [Claimed]);
+    // A claim that ran out (a sender that died mid-send) is taken over.
+    assert_eq!(commit(&store, vec![claim("a", 60_000)]), [Claimed]);
+    commit(&store, vec![mark(NotificationStatus::Sent)]);
+    assert_eq!(
+        commit(&store, vec![claim("b", 60_000)]),
+        [Busy],
+        "a sent notification is nobody's to send"
+    );
+    assert_eq!(commit(&store, vec![claim("x", 1)]), [Busy]);
+}
+
+#[test]
 fn notifications_are_recorded_once_and_marked() {
     let (_dir, store) = open_temp();
     let n1 = notification("r1:escalate:1", "r1");
