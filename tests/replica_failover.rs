@@ -352,3 +352,83 @@ async fn a_notification_retried_by_several_replicas_is_sent_once() {
     assert_eq!(events(&run, "notification_sent").len(), 1, "{run}");
     drop((a, b));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_telegram_poller_moves_to_another_replica_and_a_press_made_meanwhile_applies_once() {
+    let _serial = SERIAL.lock().await;
+    let tg = common::telegram::FakeTelegram::start().await;
+    let gate = common::approvals::gate("gate", "production", 120.0);
+    let (a_dir, b_dir) = two_replicas(&gate);
+    for dir in [&a_dir, &b_dir] {
+        dir.write_config(&format!(
+            "{}human_approval:\n  ui_base_url: \"http://vs.example/\"\n  approvers: [\"42\"]\n",
+            tg.config()
+        ));
+    }
+    let store = a_dir.open_store();
+    let a = Service::start(&a_dir.root).await;
+    let a_id = new_replica(&store, &[]);
+    let b = Service::start(&b_dir.root).await;
+    let b_id = new_replica(&store, std::slice::from_ref(&a_id));
+    let poller = |store: &Store| {
+        store
+            .named_lease("telegram_poller")
+            .expect("read the lease")
+            .map(|l| l.owner)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        if let Some(owner) = poller(&store) {
+            break owner;
+        }
+        assert!(Instant::now() < deadline, "nobody took the poller lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Both replicas run for a while: only the holder polls.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(tg.conflicts(), 0, "two replicas polled at once");
+    let (mut holder, survivor, survivor_id) = if first == a_id {
+        (a, b, b_id)
+    } else {
+        (b, a, a_id)
+    };
+
+    // A run on the survivor waits for its approval message.
+    let run = survivor.post_run("gate", json!({})).await;
+    let approval = loop {
+        if let Some(a) = store
+            .approvals_of_run(&run)
+            .expect("approvals")
+            .into_iter()
+            .find(|a| a.delivery_json.is_some())
+        {
+            break a;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let delivery: serde_json::Value =
+        serde_json::from_str(approval.delivery_json.as_deref().unwrap_or("{}")).expect("delivery");
+    let (chat, msg) = (
+        delivery["chat_id"].as_i64().expect("chat"),
+        delivery["message_id"].as_i64().expect("message"),
+    );
+
+    // The poller dies; the button is pressed before anyone polls again.
+    holder.kill9();
+    let killed = Instant::now();
+    let press = tg.press(42, chat, msg, &format!("approve:{}", approval.token));
+    let deadline = Instant::now() + Duration::from_secs(3 + 5);
+    while poller(&store).as_deref() != Some(survivor_id.as_str()) {
+        assert!(
+            Instant::now() < deadline,
+            "the survivor did not take the poller lease within lease + 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("poller: taken over {:?} after the kill", killed.elapsed());
+    assert_eq!(tg.answer_to(press).await, "Approved");
+    let done = survivor.wait_terminal(&run).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(events(&done, "approval_decided").len(), 1, "{done}");
+    assert_eq!(tg.conflicts(), 0, "Telegram never saw two pollers");
+}

@@ -145,6 +145,18 @@ impl ApprovalDesk {
         &self.engine.store
     }
 
+    /// On a shared store: this replica's id, its lease length (ms) and its
+    /// heartbeat interval, for singleton leases such as the Telegram poller's.
+    pub fn replica(&self) -> Option<(String, u64, std::time::Duration)> {
+        let book = self.engine.leases()?;
+        let beat = super::replica::timing(&self.engine).heartbeat_ms;
+        Some((
+            book.replica().to_string(),
+            book.lease_ms(),
+            std::time::Duration::from_millis(u64::try_from(beat).unwrap_or(1_000)),
+        ))
+    }
+
     pub fn config(&self) -> &Config {
         &self.engine.config
     }

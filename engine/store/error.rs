@@ -86,6 +86,14 @@ pub enum Error {
         released: bool,
     },
 
+    /// The batch began with a `Write::FenceNamedLease` for a singleton lease (the
+    /// Telegram poller) the writer no longer holds.
+    #[error(
+        "the `{name}` lease is no longer this process's ({}): nothing of the batch was applied",
+        match owner { Some(o) => format!("{o} holds it"), None => "nobody holds it".to_string() }
+    )]
+    NamedLeaseLost { name: String, owner: Option<String> },
+
     #[error("the store's writer thread has stopped")]
     WriterGone,
 
@@ -208,6 +216,9 @@ pub enum DbError {
         epoch: u64,
         released: bool,
     },
+    /// `Write::FenceNamedLease` refused the batch; becomes [`Error::NamedLeaseLost`].
+    #[error("the `{name}` lease is lost")]
+    NamedLeaseLost { name: String, owner: Option<String> },
 }
 
 /// Who holds a lease, in words.
@@ -225,6 +236,7 @@ impl From<DbError> for Error {
             DbError::Sqlite(e) => Error::Sqlite(e),
             DbError::Postgres(e) => Error::Postgres(PgError::Db(e)),
             DbError::Row(e) => *e,
+            DbError::NamedLeaseLost { name, owner } => Error::NamedLeaseLost { name, owner },
             DbError::Fenced {
                 run_id,
                 owner,

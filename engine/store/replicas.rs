@@ -283,6 +283,33 @@ pub(super) fn fence(
     })
 }
 
+/// `Write::FenceNamedLease`: locks the named lease's row if it is still
+/// `(owner, epoch)` and unexpired; otherwise fails with
+/// [`DbError::NamedLeaseLost`] naming the holder.
+pub(super) fn fence_named(
+    db: &impl Db,
+    name: &str,
+    owner: &str,
+    epoch: u64,
+) -> Result<Outcome, DbError> {
+    let now = db.now_ms_sql();
+    let held = db.exec(
+        &format!(
+            "UPDATE named_leases SET epoch = epoch WHERE name = ?1 AND owner = ?2 \
+             AND epoch = ?3 AND expires_at > {now}"
+        ),
+        &[&name, &owner, &epoch],
+    )?;
+    if held > 0 {
+        return Ok(Outcome::Done);
+    }
+    let current = named(db, name).map_err(|e| DbError::Row(Box::new(e)))?;
+    Err(DbError::NamedLeaseLost {
+        name: name.to_string(),
+        owner: current.map(|l| l.owner),
+    })
+}
+
 /// `Write::ReleaseLease`: marks the lease released if it is `(replica, epoch)`
 /// (again is fine); `NotHeld` otherwise.
 pub(super) fn release(

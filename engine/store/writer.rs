@@ -218,6 +218,15 @@ pub enum Write {
         name: String,
         owner: String,
     },
+    /// Put first in a batch that writes for a singleton lease's holder (the
+    /// Telegram poller's offset): if `name` is still `owner`'s under `epoch` and
+    /// unexpired, it locks the row until the batch commits (`Outcome::Done`);
+    /// otherwise the whole batch fails with [`Error::NamedLeaseLost`].
+    FenceNamedLease {
+        name: String,
+        owner: String,
+        epoch: u64,
+    },
     /// Takes a pending notification for one delivery attempt, across replicas:
     /// until now + `claim_ms` nobody else sends it (a sender that dies mid-send
     /// leaves it to be sent again once the claim runs out). Cleared by its
@@ -355,6 +364,7 @@ impl Write {
             Write::ReleaseNamedLease { .. } => "ReleaseNamedLease",
             Write::AdvanceSchedule { .. } => "AdvanceSchedule",
             Write::ClaimNotification { .. } => "ClaimNotification",
+            Write::FenceNamedLease { .. } => "FenceNamedLease",
             Write::CopyRows { .. } => "CopyRows",
         }
     }
@@ -481,6 +491,9 @@ impl Write {
                 claimer,
                 claim_ms,
             } => notifications::claim(db, id, claimer, *claim_ms),
+            Write::FenceNamedLease { name, owner, epoch } => {
+                replicas::fence_named(db, name, owner, *epoch)
+            }
             Write::CopyRows { table, rows } => copy::insert_rows(db, table, rows),
         }
     }
@@ -928,7 +941,9 @@ pub(super) fn apply_writes(db: &impl Db, writes: &[Write]) -> Result<Vec<Outcome
             }
             // A refused fence is the caller's answer, not a broken write: it says
             // who holds the run now.
-            Err(source @ DbError::Fenced { .. }) => return Err(source.into()),
+            Err(source @ (DbError::Fenced { .. } | DbError::NamedLeaseLost { .. })) => {
+                return Err(source.into())
+            }
             Err(source) => {
                 return Err(Error::Write {
                     index,

@@ -19,20 +19,92 @@ const WAIT_SECONDS: u32 = 10;
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// The singleton lease the polling replica holds on a shared store.
+pub const POLLER_LEASE: &str = "telegram_poller";
+
+/// How long a long poll may last while holding a lease of `lease_ms`: it ends
+/// well inside the lease (renewed before each poll), so a replica that takes the
+/// lease over never polls while the old holder's request still runs (Telegram
+/// answers that with 409 Conflict).
+fn poll_seconds(lease_ms: u64) -> u32 {
+    u32::try_from(lease_ms / 3_000)
+        .unwrap_or(u32::MAX)
+        .clamp(1, WAIT_SECONDS)
+}
+
+/// On a shared store, whether this replica may poll now: it takes or renews the
+/// poller lease. `Some(fence)` to put before the offset's write; `None` while
+/// another replica holds the lease (or the store cannot say).
+async fn take_turn(desk: &ApprovalDesk, me: &str, lease_ms: u64) -> Option<Write> {
+    let acquire = Write::AcquireNamedLease {
+        name: POLLER_LEASE.into(),
+        owner: me.to_string(),
+        lease_ms,
+    };
+    match desk.store().commit(vec![acquire]).await {
+        Ok(outcomes) => match outcomes.first() {
+            Some(Outcome::NamedLeaseHeld { epoch }) => Some(Write::FenceNamedLease {
+                name: POLLER_LEASE.into(),
+                owner: me.to_string(),
+                epoch: *epoch,
+            }),
+            _ => None,
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot take the Telegram poller lease; not polling for now.");
+            None
+        }
+    }
+}
+
 /// Polls until shutdown begins. Never returns early on an error: a failing Bot API
-/// is retried with backoff, because approvals depend on this loop.
+/// is retried with backoff, because approvals depend on this loop. On a shared
+/// store only the replica holding the poller lease polls; the others wait to
+/// take it over.
 pub async fn run(desk: ApprovalDesk, client: Client) {
     let mut stop = desk.shutdown_signal();
     let mut offset = load_offset(&desk);
     let mut backoff = FIRST_BACKOFF;
-    tracing::info!(offset, "Polling Telegram for approval button presses.");
+    let replica = desk.replica();
+    // The lease epoch this replica polls under, if it does.
+    let mut polling_under: Option<u64> = None;
+    if replica.is_none() {
+        tracing::info!(offset, "Polling Telegram for approval button presses.");
+    }
     loop {
         if *stop.borrow() {
-            return;
+            break;
+        }
+        let mut wait = WAIT_SECONDS;
+        let mut fence = None;
+        if let Some((me, lease_ms, heartbeat)) = &replica {
+            fence = take_turn(&desk, me, *lease_ms).await;
+            let epoch = match &fence {
+                Some(Write::FenceNamedLease { epoch, .. }) => Some(*epoch),
+                _ => None,
+            };
+            if epoch != polling_under {
+                if epoch.is_some() {
+                    // The previous holder may have moved the offset on.
+                    offset = load_offset(&desk);
+                    tracing::info!(offset, replica = %me, "This replica polls Telegram for approval button presses now.");
+                } else {
+                    tracing::info!(replica = %me, "Another replica polls Telegram now.");
+                }
+                polling_under = epoch;
+            }
+            if epoch.is_none() {
+                tokio::select! {
+                    _ = tokio::time::sleep(*heartbeat) => {}
+                    _ = stop.changed() => break,
+                }
+                continue;
+            }
+            wait = poll_seconds(*lease_ms);
         }
         let result = tokio::select! {
-            r = client.updates(offset, WAIT_SECONDS) => r,
-            _ = stop.changed() => return,
+            r = client.updates(offset, wait) => r,
+            _ = stop.changed() => break,
         };
         let updates = match result {
             Ok(u) => u,
@@ -40,7 +112,7 @@ pub async fn run(desk: ApprovalDesk, client: Client) {
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "Telegram getUpdates failed; retrying.");
                 tokio::select! {
                     _ = tokio::time::sleep(backoff) => {}
-                    _ = stop.changed() => return,
+                    _ = stop.changed() => break,
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
@@ -58,15 +130,24 @@ pub async fn run(desk: ApprovalDesk, client: Client) {
             next = next.max((i64::from(id) + 1).min(i64::from(i32::MAX)) as i32);
         }
         offset = Some(next);
-        let write = Write::SetKv {
+        let mut writes: Vec<Write> = fence.into_iter().collect();
+        writes.push(Write::SetKv {
             key: OFFSET_KEY.into(),
             value: next.to_string(),
-        };
-        if let Err(e) = desk.store().commit(vec![write]).await {
-            // The offset stays advanced in memory; after a restart the batch comes
-            // again and each decision is answered "already decided".
+        });
+        if let Err(e) = desk.store().commit(writes).await {
+            // The offset stays advanced in memory; after a restart (or a takeover)
+            // the batch comes again and each decision is answered "already decided".
             tracing::warn!(error = %e, "Cannot store the Telegram update offset.");
         }
+    }
+    // Hand the polling over at once rather than when the lease runs out.
+    if let (Some((me, _, _)), Some(_)) = (&replica, polling_under) {
+        let release = Write::ReleaseNamedLease {
+            name: POLLER_LEASE.into(),
+            owner: me.clone(),
+        };
+        let _ = desk.store().commit(vec![release]).await;
     }
 }
 
@@ -184,6 +265,19 @@ async fn decide(desk: &ApprovalDesk, press: &Press) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_poll_ends_well_inside_the_poller_lease() {
+        for (lease_ms, want) in [
+            (30_000, 10),
+            (3_000, 1),
+            (1_000, 1),
+            (9_000, 3),
+            (600_000, 10),
+        ] {
+            assert_eq!(poll_seconds(lease_ms), want, "lease {lease_ms} ms");
+        }
+    }
 
     #[test]
     fn callback_data() {

@@ -51,6 +51,20 @@ struct St {
     refused: Mutex<HashMap<String, usize>>,
     arrived: tokio::sync::Notify,
     enqueued: tokio::sync::Notify,
+    /// `getUpdates` requests being answered right now, and how many arrived while
+    /// another was: Telegram answers those 409 Conflict.
+    polling: AtomicI64,
+    conflicts: AtomicI64,
+}
+
+/// Counts one `getUpdates` as in flight until dropped (also when its client
+/// went away and the handler was cancelled).
+struct Polling<'a>(&'a AtomicI64);
+
+impl Drop for Polling<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The fake server; stopped when dropped.
@@ -119,6 +133,12 @@ impl FakeTelegram {
     }
 
     /// How many calls of `method` the outage refused.
+    /// How many `getUpdates` arrived while another was being answered (Telegram
+    /// answers them 409: two pollers on one bot).
+    pub fn conflicts(&self) -> i64 {
+        self.st.conflicts.load(Ordering::SeqCst)
+    }
+
     pub fn refused(&self, method: &str) -> usize {
         self.st
             .refused
@@ -343,7 +363,17 @@ async fn handle(
             ok(message(chat, id, params["text"].as_str().unwrap_or("")))
         }
         "answerCallbackQuery" | "deleteWebhook" => ok(json!(true)),
-        "getUpdates" => ok(Value::Array(updates(&st, &params).await)),
+        "getUpdates" => {
+            let _polling = Polling(&st.polling);
+            if st.polling.fetch_add(1, Ordering::SeqCst) > 0 {
+                st.conflicts.fetch_add(1, Ordering::SeqCst);
+                let description =
+                    "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running";
+                let body = json!({"ok": false, "error_code": 409, "description": description});
+                return (StatusCode::CONFLICT, axum::Json(body)).into_response();
+            }
+            ok(Value::Array(updates(&st, &params).await))
+        }
         _ => (
             StatusCode::NOT_FOUND,
             axum::Json(json!({"ok": false, "error_code": 404, "description": "Not Found"})),

@@ -363,6 +363,64 @@ fn a_notification_claim_keeps_other_senders_off_until_its_attempt_is_marked() {
 }
 
 #[test]
+fn a_write_fenced_by_a_named_lease_applies_only_for_its_holder() {
+    let (_dir, store) = open_temp();
+    let acquire = |owner: &str, ms: u64| Write::AcquireNamedLease {
+        name: "telegram_poller".into(),
+        owner: owner.into(),
+        lease_ms: ms,
+    };
+    let fenced = |owner: &str, epoch: u64, value: &str| {
+        vec![
+            Write::FenceNamedLease {
+                name: "telegram_poller".into(),
+                owner: owner.into(),
+                epoch,
+            },
+            Write::SetKv {
+                key: "telegram:update_offset".into(),
+                value: value.into(),
+            },
+        ]
+    };
+    assert_eq!(
+        commit(&store, vec![acquire("a", 60_000)]),
+        [Outcome::NamedLeaseHeld { epoch: 1 }]
+    );
+    commit(&store, fenced("a", 1, "10"));
+    let refused = |writes: Vec<Write>| match store.commit_blocking(writes) {
+        Err(Error::NamedLeaseLost { owner, .. }) => owner,
+        other => panic!("refused: {other:?}"),
+    };
+    assert_eq!(
+        refused(fenced("b", 1, "20")),
+        Some("a".to_string()),
+        "not b's"
+    );
+    assert_eq!(
+        refused(fenced("a", 2, "20")),
+        Some("a".to_string()),
+        "not that epoch"
+    );
+    // a's lease runs out: its next fenced write is refused too, then b takes over.
+    commit(&store, vec![acquire("a", 0)]);
+    assert_eq!(
+        refused(fenced("a", 1, "20")),
+        Some("a".to_string()),
+        "expired"
+    );
+    assert_eq!(
+        commit(&store, vec![acquire("b", 60_000)]),
+        [Outcome::NamedLeaseHeld { epoch: 2 }]
+    );
+    commit(&store, fenced("b", 2, "30"));
+    assert_eq!(
+        store.kv("telegram:update_offset").unwrap().as_deref(),
+        Some("30")
+    );
+}
+
+#[test]
 fn notifications_are_recorded_once_and_marked() {
     let (_dir, store) = open_temp();
     let n1 = notification("r1:escalate:1", "r1");
