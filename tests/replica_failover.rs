@@ -432,3 +432,52 @@ async fn the_telegram_poller_moves_to_another_replica_and_a_press_made_meanwhile
     assert_eq!(events(&done, "approval_decided").len(), 1, "{done}");
     assert_eq!(tg.conflicts(), 0, "Telegram never saw two pollers");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_alert_sent_to_two_replicas_at_once_starts_one_run() {
+    let _serial = SERIAL.lock().await;
+    const KEYS: usize = 15;
+    let p = "name: p\nstage: production\ntrigger:\n  match: {source: generic}\n  dedup: {enabled: true, window_seconds: 300}\nsteps:\n  - {name: a, executor: mock, executor_config: {delay_ms: 500}}\n";
+    let (a_dir, b_dir) = two_replicas(p);
+    let store = a_dir.open_store();
+    let a = Service::start(&a_dir.root).await;
+    let b = Service::start(&b_dir.root).await;
+    let http = reqwest::Client::new();
+    let post = |url: String, key: String| {
+        let http = http.clone();
+        async move {
+            let resp = http
+                .post(url)
+                .json(&json!({"idempotency_key": key}))
+                .send()
+                .await
+                .expect("POST");
+            let status = resp.status().as_u16();
+            let body: serde_json::Value = resp.json().await.expect("JSON");
+            (status, body)
+        }
+    };
+    for k in 0..KEYS {
+        let key = format!("alert-{k}");
+        let (x, y) = tokio::join!(
+            post(a.url("/pipelines/p/run"), key.clone()),
+            post(b.url("/pipelines/p/run"), key.clone())
+        );
+        let mut statuses = [x.1["status"].to_string(), y.1["status"].to_string()];
+        statuses.sort();
+        assert_eq!(
+            statuses,
+            ["\"accepted\"", "\"deduplicated\""],
+            "{key}: one run, one duplicate: {x:?} {y:?}"
+        );
+        assert_eq!(x.1["run_id"], y.1["run_id"], "{key}: both name the one run");
+    }
+    let runs = store
+        .runs(&vectorstep::store::RunFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .expect("runs");
+    assert_eq!(runs.len(), KEYS, "one run per alert");
+    drop((a, b));
+}

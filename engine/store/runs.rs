@@ -92,6 +92,7 @@ pub(super) fn insert_dedup(
     run: &RunRecord,
     window_start: i64,
 ) -> Result<Outcome, DbError> {
+    serialize_fingerprint(db, run)?;
     if let Some(outcome) = running_duplicate(db, run)? {
         return Ok(outcome);
     }
@@ -116,10 +117,33 @@ pub(super) fn insert_dedup(
 }
 
 pub(super) fn insert(db: &impl Db, run: &RunRecord) -> Result<Outcome, DbError> {
+    serialize_fingerprint(db, run)?;
     if let Some(outcome) = running_duplicate(db, run)? {
         return Ok(outcome);
     }
     insert_row(db, run)
+}
+
+/// On PostgreSQL, where several replicas insert at once, the check for a
+/// duplicate and the insert must not interleave with another replica's: a
+/// transaction-scoped advisory lock on (pipeline, fingerprint), held until this
+/// batch's transaction ends, makes the second insert see the first. SQLite has one
+/// writer, so nothing interleaves there.
+fn serialize_fingerprint(db: &impl Db, run: &RunRecord) -> Result<(), DbError> {
+    let Some(fingerprint) = run
+        .dedup_fingerprint
+        .as_deref()
+        .filter(|_| db.is_postgres())
+    else {
+        return Ok(());
+    };
+    let h =
+        blake3::hash(format!("vectorstep dedup {}\0{fingerprint}", run.pipeline_name).as_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h.as_bytes()[..8]);
+    let key = i64::from_le_bytes(b);
+    db.exec("SELECT pg_advisory_xact_lock(?1)", &[&key])?;
+    Ok(())
 }
 
 /// A running run of the same pipeline and dedup fingerprint always suppresses a new
