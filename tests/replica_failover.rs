@@ -481,3 +481,44 @@ async fn the_same_alert_sent_to_two_replicas_at_once_starts_one_run() {
     assert_eq!(runs.len(), KEYS, "one run per alert");
     drop((a, b));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_stopped_with_sigterm_hands_its_runs_over_at_a_step_boundary() {
+    let _serial = SERIAL.lock().await;
+    let peer = HoldingPeer::start(|r| {
+        Answer::Reply(
+            Reply::output(1.0, &format!("attempt {}", r.attempt()))
+                .delayed(Duration::from_millis(700)),
+        )
+    })
+    .await;
+    let (a_dir, b_dir) = two_replicas(&pipeline(&peer.url(), 3));
+    let store = a_dir.open_store();
+    let mut a = Service::start(&a_dir.root).await;
+    let a_id = new_replica(&store, &[]);
+    let b = Service::start(&b_dir.root).await;
+    let b_id = new_replica(&store, std::slice::from_ref(&a_id));
+    let id = a.post_run("p", json!({})).await;
+    peer.wait_for_path("/step", 1).await;
+    // The step in flight finishes and is recorded; then A lets the run go.
+    let status = a.sigterm(Duration::from_secs(20)).await;
+    assert!(status.success(), "{status:?}");
+    let run = b
+        .wait_until(&id, |r| r["status"] != "running", Duration::from_secs(20))
+        .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let resumed = events(&run, "run_resumed");
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["from_replica"], a_id.as_str());
+    assert_eq!(resumed[0]["replica"], b_id.as_str());
+    assert_eq!(resumed[0]["in_flight"], json!([]), "nothing was in flight");
+    let record = store.run(&id).expect("read").expect("run");
+    assert_eq!(
+        record.resume_count, 0,
+        "a clean handoff is not a resume attempt: {record:?}"
+    );
+    for step in store.steps(&id).expect("steps") {
+        assert_eq!(step.attempts, 1, "each step ran once: {step:?}");
+    }
+    assert_eq!(peer.count_path("/step"), 3);
+}
