@@ -496,6 +496,26 @@ fn a_source_held_by_a_serve_is_refused() {
 }
 
 #[test]
+fn a_postgres_source_with_a_live_replica_is_refused() {
+    let dir = scratch("replica");
+    let url = Postgres::shared().database();
+    let pg = Store::open_postgres(&url, 2).expect("PostgreSQL store");
+    fill(&pg);
+    let target = Store::open(&dir.path().join("target.db")).expect("target");
+    // What every `serve` on PostgreSQL holds while it lives.
+    let replica = vectorstep::store::lock_replica(&url, "replica-1")
+        .expect("lock")
+        .expect("free");
+    let e = copy_all(&pg, &target).expect_err("a replica holds the source");
+    assert!(matches!(e, CopyError::ServeRunning { .. }), "{e:?}");
+    assert!(e.to_string().contains("replica"), "{e}");
+    assert!(target.run("r1").expect("read").is_none(), "nothing copied");
+    drop(replica);
+    copy_all(&pg, &target).expect("copies once the replica is gone");
+    assert_eq!(runs_read_back(&target), runs_read_back(&pg));
+}
+
+#[test]
 fn postgres_copied_back_to_sqlite_round_trips() {
     let dir = scratch("round");
     let path = dir.path().join("vs.db");

@@ -376,6 +376,7 @@ pub(crate) fn open_store(
         Some(url) => vectorstep::store::redact_url(url),
         None => config.database_path.display().to_string(),
     };
-    vectorstep::store::Store::open_configured(config)
+    config
+        .open_store()
         .with_context(|| format!("cannot open the store at {place}"))
 }

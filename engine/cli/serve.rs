@@ -85,12 +85,24 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         let heartbeat = match replica_id {
             Some(id) => {
                 let liveness = vectorstep::runner::replica::register(&engine, &id, ReplicaKind::Serve).await?;
+                // Without it the other replicas would take this one's runs as a dead
+                // replica's at every sweep.
+                anyhow::ensure!(
+                    liveness.is_held(),
+                    "cannot take this replica's liveness lock on {}: a `vectorstep store copy` may be using the database; wait for it to finish",
+                    engine.store.name()
+                );
                 Some(tokio::spawn(vectorstep::runner::replica::heartbeat(engine.clone(), id, ReplicaKind::Serve, liveness)))
             }
             None => None,
         };
         outbox::start_retries(engine.services());
-        let resumable = sweep::sweep(&engine).await?;
+        // On a shared store only what nobody else drives (runner::adopt).
+        let resumable = if engine.store.is_shared() {
+            vectorstep::runner::adopt::claim_orphans(&engine).await?
+        } else {
+            sweep::sweep(&engine).await?
+        };
         engine.refresh_approvals_gauge();
         {
             // In waves, on its own task: readiness does not wait for thousands of

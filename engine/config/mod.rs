@@ -404,6 +404,18 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Opens the store this config names: PostgreSQL when `database.url` is set,
+    /// otherwise the SQLite file at `database.path`. (Here rather than in `store`,
+    /// which knows nothing of the config.)
+    pub fn open_store(&self) -> Result<crate::store::Store, crate::store::Error> {
+        match &self.database_url {
+            Some(url) => crate::store::Store::open_postgres(url, self.database_pool_size),
+            None => crate::store::Store::open(&self.database_path),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

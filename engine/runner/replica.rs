@@ -90,6 +90,11 @@ impl Liveness {
         }
     }
 
+    /// Whether the lock is held now.
+    pub fn is_held(&self) -> bool {
+        self.lock.as_ref().is_some_and(SessionLock::is_held)
+    }
+
     /// Takes the lock again if its session ended.
     fn keep(&mut self, id: &str) {
         if self.lock.as_ref().is_some_and(SessionLock::is_held) || self.url.is_none() {

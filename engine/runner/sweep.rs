@@ -97,11 +97,8 @@ pub fn decide(run: &RunRecord, pipelines: &PipelineSet, config: &Config, now_ms:
 /// process is left alone; the runs of an owner that died are adopted like any other.
 ///
 /// On a shared store the start-up sweep is the replica's first orphan sweep
-/// (`adopt`): only runs nobody else drives are taken.
+/// instead (`adopt::claim_orphans`): only runs nobody else drives are taken.
 pub async fn sweep(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
-    if engine.leases().is_some() {
-        return super::adopt::claim_orphans(engine).await;
-    }
     let listed = engine.store.running_runs_with_owners()?;
     let mut owners = Owners::new(engine.store.path());
     let mut runs = Vec::new();

@@ -471,7 +471,9 @@ fn lock_serve(store: &Store, role: &'static str) -> Result<Held, CopyError> {
         }
         Readers::Pg(pool) => match postgres::try_session_lock(pool.url(), postgres::SERVE_LOCK) {
             Ok(Some(lock)) => Ok((None, Some(lock))),
-            Ok(None) => Err(running("it holds the database's serve lock".into())),
+            Ok(None) => Err(running(
+                "a live replica holds the database (see `vectorstep replicas list`)".into(),
+            )),
             Err(e) => Err(CopyError::Read {
                 role,
                 name: store.name().to_string(),

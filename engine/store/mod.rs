@@ -249,15 +249,6 @@ impl Store {
         })
     }
 
-    /// Opens the store `config` names: PostgreSQL when `database.url` is set,
-    /// otherwise the SQLite file at `database.path`.
-    pub fn open_configured(config: &crate::config::Config) -> Result<Store, Error> {
-        match &config.database_url {
-            Some(url) => Store::open_postgres(url, config.database_pool_size),
-            None => Store::open(&config.database_path),
-        }
-    }
-
     /// Why the store cannot take writes right now (`None` when it can): the last
     /// commit failed for a transient reason (busy, full disk, I/O) and none has
     /// succeeded since, or the database path no longer names the file this process
@@ -352,19 +343,12 @@ impl Store {
     }
 }
 
-/// The lock a `serve` holds on a PostgreSQL store for its lifetime (a session
-/// advisory lock on a connection of its own), or `None` when another `serve`
-/// holds it.
-pub fn lock_sole_serve(url: &str) -> Result<Option<SessionLock>, Error> {
-    Ok(postgres::try_session_lock(url, postgres::SERVE_LOCK)?)
-}
-
 /// The liveness lock of replica `replica` on the PostgreSQL database at `url`:
 /// held for the replica's lifetime on a connection of its own, so the others see
 /// at once when its session ends ([`Store::replica_gone`]). `None` if taken
 /// already (a replica id is per boot, so only by a probe at that very moment).
 pub fn lock_replica(url: &str, replica: &str) -> Result<Option<SessionLock>, Error> {
-    Ok(postgres::try_session_lock(
+    Ok(postgres::try_replica_lock(
         url,
         postgres::replica_lock_key(replica),
     )?)

@@ -46,7 +46,7 @@ pub fn engine_with_config(pipelines: &[(&str, &str)], config_extra: &str) -> Scr
     let config = Arc::new(Config::load(&cfg, true).expect("config").0);
     let (set, d) = vectorstep::pipeline::load(std::slice::from_ref(&pdir), &config);
     let set = set.unwrap_or_else(|| panic!("{d}"));
-    let store = Store::open_configured(&config).expect("store");
+    let store = config.open_store().expect("store");
     let engine = Engine::new(
         config.clone(),
         set,

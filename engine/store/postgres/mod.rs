@@ -63,8 +63,8 @@ pub fn replica_lock_key(replica: &str) -> i64 {
     i64::from_le_bytes(b)
 }
 
-/// The advisory lock key a `serve` holds for its lifetime on PostgreSQL ("serve"
-/// in ASCII), while one `serve` per database is all the engine supports.
+/// The advisory lock key ("serve" in ASCII) every replica holds shared for its
+/// lifetime, and `vectorstep store copy` exclusively for the copy's.
 pub const SERVE_LOCK: i64 = 0x0073_6572_7665;
 
 /// Takes the session advisory lock `key` on a connection of its own, or `None`
@@ -72,6 +72,20 @@ pub const SERVE_LOCK: i64 = 0x0073_6572_7665;
 pub fn try_session_lock(url: &str, key: i64) -> Result<Option<SessionLock>, PgError> {
     let conn = PgConn::connect(url)?;
     let rows = conn.query_raw("SELECT pg_try_advisory_lock($1)", &[&key])?;
+    let got: bool = rows.first().map(|r| r.get(0)).unwrap_or(false);
+    Ok(got.then_some(SessionLock { conn }))
+}
+
+/// A replica's liveness lock `key` together with a shared hold of
+/// [`SERVE_LOCK`], on a connection of its own: `vectorstep store copy` takes
+/// `SERVE_LOCK` exclusively, so it refuses while any replica lives (and a replica
+/// started during a copy gets no liveness lock). `None` if either is taken.
+pub fn try_replica_lock(url: &str, key: i64) -> Result<Option<SessionLock>, PgError> {
+    let conn = PgConn::connect(url)?;
+    let rows = conn.query_raw(
+        "SELECT pg_try_advisory_lock_shared($1) AND pg_try_advisory_lock($2)",
+        &[&SERVE_LOCK, &key],
+    )?;
     let got: bool = rows.first().map(|r| r.get(0)).unwrap_or(false);
     Ok(got.then_some(SessionLock { conn }))
 }
