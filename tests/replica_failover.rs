@@ -681,3 +681,70 @@ async fn three_replicas_lose_nothing_and_repeat_nothing_finished_through_random_
     assert!(ticks.len() >= 10, "the cron fired: {} ticks", ticks.len());
     drop(svcs);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cli_run_on_postgres_is_a_replica_whose_run_serve_takes_over_once_it_is_killed() {
+    let _serial = SERIAL.lock().await;
+    // The first request of s1 is never answered: the CLI is mid-step when killed.
+    let peer = HoldingPeer::start(|r| {
+        if r.key().ends_with(":s1:1") && r.attempt() <= 1 {
+            Answer::Never
+        } else {
+            Answer::Reply(Reply::output(1.0, "ok"))
+        }
+    })
+    .await;
+    let (cli_dir, serve_dir) = two_replicas(&pipeline(&peer.url(), 3));
+    let store = cli_dir.open_store();
+    let log = std::fs::File::create(cli_dir.root.join("cli.log")).expect("log");
+    let mut cli = std::process::Command::new(env!("CARGO_BIN_EXE_vectorstep"))
+        .arg("--config")
+        .arg(cli_dir.config_path())
+        .args(["run", "p"])
+        .current_dir(&cli_dir.root)
+        .env_remove("VECTORSTEP_CONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn vectorstep run");
+    peer.wait_for("s1 requested", |seen| {
+        seen.iter().any(|r| r.key().ends_with(":s1:1"))
+    })
+    .await;
+    let cli_replica = store
+        .replicas()
+        .expect("replicas")
+        .into_iter()
+        .find(|r| r.kind == vectorstep::store::ReplicaKind::Run)
+        .expect("the CLI registered as a replica of kind run");
+    assert_eq!(
+        cli_replica.runs.len(),
+        1,
+        "it leases its run: {cli_replica:?}"
+    );
+    let id = cli_replica.runs[0].clone();
+
+    // serve leaves the live CLI's run alone, sweep after sweep.
+    let svc = Service::start(&serve_dir.root).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let run = svc.get_run(&id).await;
+    assert_eq!(run["status"], "running", "{run}");
+    assert!(
+        events(&run, "run_resumed").is_empty(),
+        "taken from a live CLI: {run}"
+    );
+
+    // Killed mid-step: serve takes the run over and finishes it.
+    cli.kill().expect("SIGKILL");
+    cli.wait().expect("reap");
+    let run = svc
+        .wait_until(&id, |r| r["status"] != "running", Duration::from_secs(30))
+        .await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let resumed = events(&run, "run_resumed");
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["from_replica"], cli_replica.id.as_str());
+    assert_eq!(resumed[0]["in_flight"], json!(["s1"]));
+    assert_eq!(peer.count_path("/step"), 4, "s0 once, s1 twice, s2 once");
+}

@@ -59,17 +59,27 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
             .ok_or_else(|| anyhow::anyhow!("--set expects key=value, got `{kv}`"))?;
         trigger.labels.insert(k.to_string(), v.to_string());
     }
-    // Taken before the run exists, so `serve` never sees it without a live owner;
-    // held until this process has finished with it (see `store::lock`).
-    let owner_lock = OwnerLock::acquire(&config.database_path)
-        .context("cannot take the lock that marks this process as the owner of its run")?;
+    // On SQLite: taken before the run exists, so `serve` never sees it without a
+    // live owner; held until this process has finished with it (see `store::lock`).
+    // On PostgreSQL this process is a short-lived replica instead, and leases its
+    // run like any other (docs/replicas.md).
+    let owner_lock = match &config.database_url {
+        None => Some(
+            OwnerLock::acquire(&config.database_path)
+                .context("cannot take the lock that marks this process as the owner of its run")?,
+        ),
+        Some(_) => None,
+    };
     let store = super::open_store(&config)?;
     let rt = tokio::runtime::Runtime::new()?;
-    let owner = owner_lock.owner().to_string();
+    let owner = owner_lock.as_ref().map(|l| l.owner().to_string());
     let result = rt.block_on(async move {
         let pipeline = set.get(&name).cloned().ok_or_else(|| anyhow::anyhow!("pipeline `{name}` vanished"))?;
         let engine = Engine::new(config.clone(), set, store.clone(), Executors::standard(&config), Arc::new(SystemClock));
-        engine.set_owner(&owner);
+        if let Some(owner) = &owner {
+            engine.set_owner(owner);
+        }
+        let heartbeat = if engine.store.is_shared() { Some(register_replica(&engine).await?) } else { None };
         // Human steps send through Telegram and its messages show decisions.
         vectorstep::telegram::attach(&engine);
         // Installed before the run starts: from here on SIGINT and SIGTERM cancel it.
@@ -93,6 +103,11 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
             p.abort();
         }
         engine.mcp.shutdown().await;
+        if let Some(h) = heartbeat {
+            // Its heartbeat ends with shutdown and records that this replica stopped.
+            engine.begin_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(5), h).await;
+        }
         let status = match end {
             RunEnd::Finished(s) => s,
             // `run` never enables parking, so Parked cannot come back here.
@@ -128,6 +143,31 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
     // `serve`, which adopts runs whose owner's lock is free.
     drop(owner_lock);
     result
+}
+
+/// Makes this process a replica of the shared store for its run: an id of its
+/// own, leases for the runs it creates, its liveness lock, registration and
+/// heartbeat. If it dies, `serve` replicas take its run over.
+async fn register_replica(engine: &Arc<Engine>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    use vectorstep::runner::replica;
+    use vectorstep::store::ReplicaKind;
+    let id = replica::new_id();
+    let lease_ms = engine.config.replica.lease_seconds.saturating_mul(1000);
+    engine.lease_runs_as(Arc::new(vectorstep::runner::leases::LeaseBook::new(
+        &id, lease_ms,
+    )));
+    let liveness = replica::register(engine, &id, ReplicaKind::Run).await?;
+    anyhow::ensure!(
+        liveness.is_held(),
+        "cannot take this process's liveness lock on {}: a `vectorstep store copy` may be using the database; wait for it to finish",
+        engine.store.name()
+    );
+    Ok(tokio::spawn(replica::heartbeat(
+        engine.clone(),
+        id,
+        ReplicaKind::Run,
+        liveness,
+    )))
 }
 
 /// SIGINT (Ctrl-C) and SIGTERM.

@@ -375,18 +375,34 @@ async fn claim_across_replicas(engine: &Services, id: &str) -> bool {
     let Some(book) = engine.leases() else {
         return true;
     };
-    let w = Write::ClaimNotification {
+    let claim = |take_from: Option<String>| Write::ClaimNotification {
         id: id.to_string(),
         claimer: book.replica().to_string(),
         claim_ms: CLAIM_MS,
+        take_from,
     };
-    match engine.store.commit(vec![w]).await {
-        Ok(outcomes) => outcomes.first() == Some(&crate::store::Outcome::NotificationClaimed),
-        Err(e) => {
-            // Not sent now; the next pass tries again.
-            tracing::warn!(notification_id = id, error = %e, "Cannot claim a notification for delivery; trying again later.");
-            false
+    let claimed = |w: Write| async move {
+        match engine.store.commit(vec![w]).await {
+            Ok(outcomes) => outcomes.first() == Some(&crate::store::Outcome::NotificationClaimed),
+            Err(e) => {
+                // Not sent now; the next pass tries again.
+                tracing::warn!(notification_id = id, error = %e, "Cannot claim a notification for delivery; trying again later.");
+                false
+            }
         }
+    };
+    if claimed(claim(None)).await {
+        return true;
+    }
+    // Held by a sender that died mid-send (its session ended): send it now rather
+    // than once its claim runs out.
+    match engine.store.notification_claimant(id) {
+        Ok(Some(holder))
+            if holder != book.replica() && engine.store.replica_gone(&holder).unwrap_or(false) =>
+        {
+            claimed(claim(Some(holder))).await
+        }
+        _ => false,
     }
 }
 

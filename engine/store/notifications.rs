@@ -95,15 +95,18 @@ pub(super) fn claim(
     id: &str,
     claimer: &str,
     claim_ms: u64,
+    take_from: Option<&str>,
 ) -> Result<Outcome, DbError> {
     let now = db.now_ms_sql();
+    // A sender seen gone: its claim is taken whatever its expiry.
+    let gone = take_from.unwrap_or(claimer);
     let changed = db.exec(
         &format!(
             "UPDATE notifications SET claimed_by = ?2, claimed_until = {now} + ?3 \
              WHERE id = ?1 AND status = 'pending' AND (claimed_until IS NULL \
-             OR claimed_until <= {now} OR claimed_by = ?2)"
+             OR claimed_until <= {now} OR claimed_by = ?2 OR claimed_by = ?4)"
         ),
-        &[&id, &claimer, &claim_ms],
+        &[&id, &claimer, &claim_ms, &gone],
     )?;
     Ok(if changed > 0 {
         Outcome::NotificationClaimed
@@ -120,6 +123,24 @@ impl Store {
                 "SELECT {COLUMNS} FROM notifications WHERE run_id = ?1 ORDER BY created_at, id"
             );
             query_all(conn, TABLE, &sql, &[&run_id], NotificationRecord::decode)
+        })
+    }
+
+    /// Who holds a delivery claim on notification `id` now (database clock), if
+    /// anyone.
+    pub fn notification_claimant(&self, id: &str) -> Result<Option<String>, Error> {
+        self.read(|conn| {
+            let now = conn.now_ms_sql();
+            let holder: Option<Option<String>> = super::connection::query_opt(
+                conn,
+                TABLE,
+                &format!(
+                    "SELECT claimed_by FROM notifications WHERE id = ?1 AND claimed_until > {now}"
+                ),
+                &[&id],
+                |c| c.get("claimed_by"),
+            )?;
+            Ok(holder.flatten())
         })
     }
 

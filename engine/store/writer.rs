@@ -232,10 +232,14 @@ pub enum Write {
     /// leaves it to be sent again once the claim runs out). Cleared by its
     /// `MarkNotification`. [`Outcome::NotificationClaimed`] or
     /// [`Outcome::NotificationBusy`].
+    ///
+    /// `take_from`: a sender the caller has seen gone (its replica's session
+    /// ended, `Store::replica_gone`), whose unexpired claim may be taken too.
     ClaimNotification {
         id: String,
         claimer: String,
         claim_ms: u64,
+        take_from: Option<String>,
     },
     /// Compare-and-set of a schedule's next due tick: sets it to `next_due_at` if
     /// it is `expected_due_at` (`None`: only if the schedule has none yet).
@@ -490,7 +494,8 @@ impl Write {
                 id,
                 claimer,
                 claim_ms,
-            } => notifications::claim(db, id, claimer, *claim_ms),
+                take_from,
+            } => notifications::claim(db, id, claimer, *claim_ms, take_from.as_deref()),
             Write::FenceNamedLease { name, owner, epoch } => {
                 replicas::fence_named(db, name, owner, *epoch)
             }

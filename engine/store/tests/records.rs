@@ -332,6 +332,7 @@ fn a_notification_claim_keeps_other_senders_off_until_its_attempt_is_marked() {
         id: "n1".into(),
         claimer: who.into(),
         claim_ms: ms,
+        take_from: None,
     };
     let mark = |status| Write::MarkNotification {
         id: "n1".into(),
@@ -353,7 +354,39 @@ fn a_notification_claim_keeps_other_senders_off_until_its_attempt_is_marked() {
     assert_eq!(commit(&store, vec![claim("b", 0)]), [Claimed]);
     // A claim that ran out (a sender that died mid-send) is taken over.
     assert_eq!(commit(&store, vec![claim("a", 60_000)]), [Claimed]);
+    assert_eq!(
+        store.notification_claimant("n1").unwrap().as_deref(),
+        Some("a")
+    );
+    // b has seen a gone: it takes a's running claim.
+    let take = Write::ClaimNotification {
+        id: "n1".into(),
+        claimer: "b".into(),
+        claim_ms: 60_000,
+        take_from: Some("c".into()),
+    };
+    assert_eq!(
+        commit(&store, vec![take]),
+        [Busy],
+        "only from the one seen gone"
+    );
+    let take = Write::ClaimNotification {
+        id: "n1".into(),
+        claimer: "b".into(),
+        claim_ms: 60_000,
+        take_from: Some("a".into()),
+    };
+    assert_eq!(commit(&store, vec![take]), [Claimed]);
+    assert_eq!(
+        store.notification_claimant("n1").unwrap().as_deref(),
+        Some("b")
+    );
     commit(&store, vec![mark(NotificationStatus::Sent)]);
+    assert_eq!(
+        store.notification_claimant("n1").unwrap(),
+        None,
+        "marked: no claim"
+    );
     assert_eq!(
         commit(&store, vec![claim("b", 60_000)]),
         [Busy],
