@@ -156,6 +156,8 @@ pub(super) const TABLES: &[CopyTable] = &[
             "created_at",
             "sent_at",
             "error",
+            "claimed_by",
+            "claimed_until",
         ],
         key: &["id"],
         generated_key: false,
