@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::crash_support::{events, Scratch, Service};
 use common::peer::{Answer, HoldingPeer, Reply, Seen};
-use serde_json::json;
+use serde_json::{json, Value};
 use vectorstep::store::Store;
 
 /// One test at a time: they kill and freeze processes by the clock.
@@ -181,6 +181,25 @@ async fn a_killed_replicas_runs_are_adopted_by_another_and_no_finished_step_runs
     assert_eq!(n as usize, adopted, "{line}");
 }
 
+/// Waits (on `b`) until run `id` ends, and checks that it completed, adopted once
+/// by replica `to` from replica `from`; returns the run and its `run_resumed`.
+async fn adopted_once(
+    b: &Service,
+    id: &str,
+    from: &str,
+    to: &str,
+    within: Duration,
+) -> (Value, Value) {
+    let run = b.wait_until(id, |r| r["status"] != "running", within).await;
+    assert_eq!(run["status"], "completed", "{run}");
+    let resumed: Vec<Value> = events(&run, "run_resumed").into_iter().cloned().collect();
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["from_replica"], from);
+    assert_eq!(resumed[0]["replica"], to);
+    let first = resumed[0].clone();
+    (run, first)
+}
+
 /// Sends `signal` to the service's process.
 fn signal(svc: &Service, signal: libc::c_int) {
     // SAFETY: a signal to our own child, which has not been reaped.
@@ -226,14 +245,7 @@ async fn a_frozen_replica_that_wakes_after_its_runs_were_adopted_changes_nothing
     // Frozen with its request in flight and its session open: the lease (3 s) runs
     // out, and B adopts the run by time.
     signal(&a, libc::SIGSTOP);
-    let run = b
-        .wait_until(&id, |r| r["status"] != "running", Duration::from_secs(30))
-        .await;
-    assert_eq!(run["status"], "completed", "{run}");
-    let resumed = events(&run, "run_resumed");
-    assert_eq!(resumed.len(), 1, "{resumed:?}");
-    assert_eq!(resumed[0]["from_replica"], a_id.as_str());
-    assert_eq!(resumed[0]["replica"], b_id.as_str());
+    let (run, _) = adopted_once(&b, &id, &a_id, &b_id, Duration::from_secs(30)).await;
     let lease = store.lease(&id).expect("lease").expect("leased");
     assert_eq!(lease.owner, b_id, "B holds it now: {lease:?}");
     let before = snapshot(&store, &id);
@@ -503,15 +515,8 @@ async fn a_replica_stopped_with_sigterm_hands_its_runs_over_at_a_step_boundary()
     // The step in flight finishes and is recorded; then A lets the run go.
     let status = a.sigterm(Duration::from_secs(20)).await;
     assert!(status.success(), "{status:?}");
-    let run = b
-        .wait_until(&id, |r| r["status"] != "running", Duration::from_secs(20))
-        .await;
-    assert_eq!(run["status"], "completed", "{run}");
-    let resumed = events(&run, "run_resumed");
-    assert_eq!(resumed.len(), 1, "{resumed:?}");
-    assert_eq!(resumed[0]["from_replica"], a_id.as_str());
-    assert_eq!(resumed[0]["replica"], b_id.as_str());
-    assert_eq!(resumed[0]["in_flight"], json!([]), "nothing was in flight");
+    let (_, resumed) = adopted_once(&b, &id, &a_id, &b_id, Duration::from_secs(20)).await;
+    assert_eq!(resumed["in_flight"], json!([]), "nothing was in flight");
     let record = store.run(&id).expect("read").expect("run");
     assert_eq!(
         record.resume_count, 0,

@@ -49,12 +49,7 @@ pub async fn claim_orphans(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error
         .map(Replica::from)
         .filter(|r| timing.live(r, now) && !probe(engine, &mut gone, &r.id))
         .collect();
-    let mine: BTreeSet<String> = engine
-        .pipelines()
-        .pipelines
-        .iter()
-        .map(|p| p.fingerprint.clone())
-        .collect();
+    let mine: BTreeSet<String> = super::replica::loaded_fingerprints(engine);
     let mut claimed = Vec::new();
     for row in rows {
         if book.holds(&row.run_id) || row.cli_owner.is_some() {

@@ -49,14 +49,20 @@ pub fn live_count(replicas: &[ReplicaRecord], timing: Timing, now: i64) -> usize
         .count()
 }
 
-/// The heartbeat write of this replica now.
-fn beat(engine: &Engine, id: &str, kind: ReplicaKind, host: &Option<String>) -> Write {
-    let fingerprints: Vec<String> = engine
+/// The fingerprints of the pipelines this process has loaded: what it publishes
+/// in its heartbeat, and which runs its orphan sweep may resume.
+pub fn loaded_fingerprints<C: FromIterator<String>>(engine: &Engine) -> C {
+    engine
         .pipelines()
         .pipelines
         .iter()
         .map(|p| p.fingerprint.clone())
-        .collect();
+        .collect()
+}
+
+/// The heartbeat write of this replica now.
+fn beat(engine: &Engine, id: &str, kind: ReplicaKind, host: &Option<String>) -> Write {
+    let fingerprints: Vec<String> = loaded_fingerprints(engine);
     Write::Heartbeat {
         replica: id.to_string(),
         kind,
