@@ -675,6 +675,29 @@ fn every_lease_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backe
         vec![advance("q", Some(1), 2)],
         Ok(vec![ScheduleRaced { next_due_at: None }]),
     );
+    // A tick's run commits after its advance, in one batch: raced, the batch
+    // writes nothing more (the run `tick-raced` is not inserted; `tick-won` is).
+    b.expect(
+        vec![
+            advance("p", Some(T0), next + MINUTE as i64),
+            Write::InsertRun(run("tick-raced", None, T0)),
+            event("tick-raced", "run_started"),
+        ],
+        Ok(vec![
+            ScheduleRaced {
+                next_due_at: Some(next),
+            },
+            Done,
+            Done,
+        ]),
+    );
+    b.expect(
+        vec![
+            advance("p", Some(next), next + MINUTE as i64),
+            Write::InsertRun(run("tick-won", None, T0)),
+        ],
+        Ok(vec![ScheduleAdvanced, RunInserted]),
+    );
 
     b.compare_rows();
 
@@ -733,6 +756,8 @@ fn every_lease_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backe
     assert_eq!(
         running,
         [
+            // The tick's run, inserted with its advance.
+            ("tick-won".to_string(), None),
             ("r3".to_string(), None),
             ("r4".to_string(), Some((bee.to_string(), 2, false))),
             ("r5".to_string(), Some((a.to_string(), 2, false))),
@@ -744,7 +769,11 @@ fn every_lease_write_has_the_same_outcome_and_leaves_the_same_rows_on_both_backe
         .expect("read")
         .expect("held");
     assert_eq!((telegram.owner.as_str(), telegram.epoch), (a, 3));
-    assert_eq!(b.store.schedule_due("p").expect("due"), Some(next));
+    assert_eq!(
+        b.store.schedule_due("p").expect("due"),
+        Some(next + MINUTE as i64),
+        "advanced by the tick that won with its run"
+    );
     assert_eq!(b.store.schedule_due("q").expect("due"), None);
 }
 

@@ -3,23 +3,24 @@
 //!
 //! Each schedule's next due tick is kept in the store (`schedule_ticks`), and a
 //! tick fires only through a compare-and-set of that row from the tick to the
-//! next one (`Write::AdvanceSchedule`): of several replicas waking for the same
-//! tick, exactly one advances it and starts the run; the others see it raced and
-//! wait for the next. A tick missed while every process was down fires once at
-//! the next start (the row still names it), not once per missed tick: the fire
-//! advances to the first tick after now. The tick is recorded before the run is
-//! created, so a crash between the two loses that one run rather than firing it
-//! twice. The run's trigger carries the tick it fired for (`scheduled_for`).
+//! next one (`Write::AdvanceSchedule`), committed in the same batch as the tick's
+//! run (`Engine::create_tick_run`): of several replicas waking for the same tick,
+//! exactly one advances it and so records the run; the others see it raced,
+//! write nothing, and wait for the next. A crash can lose neither half alone. A
+//! tick missed while every process was down fires once at the next start (the
+//! row still names it), not once per missed tick: the fire advances to the first
+//! tick after now. The run's id is derived from (pipeline, tick) by
+//! [`tick_run_id`], and its trigger carries the tick (`scheduled_for`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{Created, Engine};
+use super::Engine;
 use crate::pipeline::Pipeline;
 use crate::run::context::Normalised;
-use crate::store::{Outcome, Write};
+use crate::store::Write;
 
 /// Where an older build kept a schedule's last fire; read once, when a schedule
 /// has no tick row yet, so a tick it missed still fires after an upgrade.
@@ -40,9 +41,18 @@ pub fn next_tick(cron: &str, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
     c.find_next_occurrence(&after, false).ok()
 }
 
-/// Whether a tick happened in `(last, now]`: a missed schedule.
-pub fn missed(cron: &str, last: DateTime<Utc>, now: DateTime<Utc>) -> bool {
-    next_tick(cron, last).is_some_and(|t| t <= now)
+/// The id of the run of tick `due` (unix ms) of `pipeline`: a version 7 UUID
+/// whose time is the tick and whose other bits are a hash of (pipeline, tick), so
+/// it sorts with the runs of its time like any other run id and every replica
+/// names the tick's run alike.
+pub fn tick_run_id(pipeline: &str, due: i64) -> String {
+    let hash = blake3::hash(format!("vectorstep tick {pipeline}\0{due}").as_bytes());
+    let mut bits = [0u8; 10];
+    bits.copy_from_slice(&hash.as_bytes()[..10]);
+    let ms = u64::try_from(due).unwrap_or(0);
+    uuid::Builder::from_unix_timestamp_millis(ms, &bits)
+        .into_uuid()
+        .to_string()
 }
 
 fn next_ms(cron: &str, after_ms: i64) -> Option<i64> {
@@ -104,23 +114,40 @@ fn trigger_for(p: &Pipeline, now_ms: i64, due: i64) -> Option<Normalised> {
     })
 }
 
-/// Starts the run of tick `due`, which this process has just advanced.
-async fn fire(engine: &Arc<Engine>, p: &Pipeline, due: i64) {
+/// Fires tick `due` by recording its run with the advance to `next_due_at`; a
+/// tick another replica fired starts nothing here.
+async fn fire(engine: &Arc<Engine>, p: &Pipeline, due: i64, next_due_at: i64) -> Fired {
     let now = engine.now_ms();
     let Some(trigger) = trigger_for(p, now, due) else {
-        return;
+        return Fired::Raced;
     };
-    match engine
-        .create_run(p, &trigger, &serde_json::json!({}), None, None)
-        .await
-    {
-        Ok(Created::Inserted(id)) => {
+    let advance = Write::AdvanceSchedule {
+        pipeline: p.name.clone(),
+        expected_due_at: Some(due),
+        next_due_at,
+    };
+    match engine.create_tick_run(p, &trigger, due, advance).await {
+        Ok(Some(id)) => {
             tracing::info!(run_id = %id, pipeline = %p.name, "Scheduled run started.");
             engine.spawn(id, super::DriveMode::New);
+            Fired::Started
         }
-        Ok(Created::Duplicate { .. }) => {}
-        Err(e) => tracing::error!(pipeline = %p.name, error = %e, "Scheduled run could not start."),
+        Ok(None) => Fired::Raced,
+        Err(e) => {
+            tracing::error!(pipeline = %p.name, error = %e, "Cannot record a schedule tick and its run; trying again shortly.");
+            Fired::Failed
+        }
     }
+}
+
+/// What trying to fire a tick came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fired {
+    Started,
+    /// Another replica fired (or recorded) this tick; read again.
+    Raced,
+    /// The store did not answer; nothing was written.
+    Failed,
 }
 
 /// Runs every schedule until shutdown. Fires missed schedules once first.
@@ -182,7 +209,7 @@ async fn run_one(engine: Arc<Engine>, p: Arc<Pipeline>) {
         let Some(next) = plan(&cron, due, legacy, now) else {
             return;
         };
-        let (write, fires) = match next {
+        let fired = match next {
             TickPlan::Wait { until } => {
                 first = false;
                 let wait = Duration::from_millis(u64::try_from(until - now).unwrap_or(0));
@@ -192,42 +219,34 @@ async fn run_one(engine: Arc<Engine>, p: Arc<Pipeline>) {
                 }
                 continue;
             }
-            TickPlan::Init { next_due_at } => (
-                Write::AdvanceSchedule {
+            TickPlan::Init { next_due_at } => {
+                let init = Write::AdvanceSchedule {
                     pipeline: p.name.clone(),
                     expected_due_at: None,
                     next_due_at,
-                },
-                None,
-            ),
-            TickPlan::Fire { due, next_due_at } => (
-                Write::AdvanceSchedule {
-                    pipeline: p.name.clone(),
-                    expected_due_at: Some(due),
-                    next_due_at,
-                },
-                Some(due),
-            ),
-        };
-        match engine.store.commit(vec![write]).await {
-            Ok(outcomes) => {
-                if let (Some(due), Some(Outcome::ScheduleAdvanced)) = (fires, outcomes.first()) {
-                    if first && now - due > 1_000 {
-                        tracing::warn!(pipeline = %p.name, "A schedule was missed while the service was down; firing it once now.");
+                };
+                match engine.store.commit(vec![init]).await {
+                    Ok(_) => Fired::Raced,
+                    Err(e) => {
+                        tracing::error!(pipeline = %p.name, error = %e, "Cannot record a schedule's first tick; trying again shortly.");
+                        Fired::Failed
                     }
-                    fire(&engine, &p, due).await;
                 }
-                // Raced: another replica fired (or recorded) this tick; read again.
             }
-            Err(e) => {
-                tracing::error!(pipeline = %p.name, error = %e, "Cannot record a schedule tick; trying again shortly.");
-                tokio::select! {
-                    _ = tokio::time::sleep(RETRY) => {}
-                    _ = shutdown.changed() => return,
+            TickPlan::Fire { due, next_due_at } => {
+                if first && now - due > 1_000 {
+                    tracing::warn!(pipeline = %p.name, "A schedule was missed while the service was down; firing it once now.");
                 }
+                fire(&engine, &p, due, next_due_at).await
+            }
+        };
+        first = false;
+        if fired == Fired::Failed {
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY) => {}
+                _ = shutdown.changed() => return,
             }
         }
-        first = false;
     }
 }
 
@@ -300,21 +319,36 @@ mod tests {
     }
 
     #[test]
-    fn next_and_missed() {
+    fn next_ticks() {
         assert_eq!(
             next_tick("*/15 * * * *", t("2026-12-01T10:07:00Z")),
             Some(t("2026-12-01T10:15:00Z"))
         );
-        // Down from 10:07 to 11:02: four ticks missed, one fire.
-        assert!(missed(
-            "*/15 * * * *",
-            t("2026-12-01T10:07:00Z"),
-            t("2026-12-01T11:02:00Z")
-        ));
-        assert!(!missed(
-            "*/15 * * * *",
-            t("2026-12-01T10:07:00Z"),
-            t("2026-12-01T10:14:59Z")
-        ));
+        assert_eq!(
+            next_tick("*/15 * * * *", t("2026-12-01T10:15:00Z")),
+            Some(t("2026-12-01T10:30:00Z")),
+            "strictly after"
+        );
+    }
+
+    #[test]
+    fn a_ticks_run_id_is_the_same_everywhere_and_sorts_by_its_tick() {
+        let due = t("2026-12-01T10:15:00Z").timestamp_millis();
+        let id = tick_run_id("nightly", due);
+        assert_eq!(
+            id,
+            tick_run_id("nightly", due),
+            "every replica names it alike"
+        );
+        assert_ne!(id, tick_run_id("nightly", due + 1_000), "one run per tick");
+        assert_ne!(id, tick_run_id("hourly", due), "one run per schedule");
+        let uuid = uuid::Uuid::parse_str(&id).unwrap();
+        assert_eq!(uuid.get_version_num(), 7);
+        let (secs, nanos) = uuid.get_timestamp().unwrap().to_unix();
+        assert_eq!(secs as i64 * 1000 + nanos as i64 / 1_000_000, due);
+        assert!(
+            tick_run_id("nightly", due - 60_000) < id,
+            "ordered like v7 ids"
+        );
     }
 }

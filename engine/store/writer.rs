@@ -244,7 +244,9 @@ pub enum Write {
     /// Compare-and-set of a schedule's next due tick: sets it to `next_due_at` if
     /// it is `expected_due_at` (`None`: only if the schedule has none yet).
     /// [`Outcome::ScheduleAdvanced`], or [`Outcome::ScheduleRaced`] with the tick
-    /// as it is (another replica fired it).
+    /// as it is (another replica fired it). Raced, it skips the rest of its batch
+    /// (each an `Outcome::Done`): a tick's run, committed after its advance in the
+    /// same batch, exists exactly when the advance won.
     AdvanceSchedule {
         pipeline: String,
         expected_due_at: Option<i64>,
@@ -924,11 +926,17 @@ fn attempt(conn: &mut Connection, batches: &[&[Write]]) -> Attempt {
 
 /// Applies a caller's writes in order on `db`, inside a transaction the caller owns
 /// (either backend): the conditional writes apply only after an insert of the batch
-/// won. The first failing write ends it, named in [`Error::Write`].
+/// won, and nothing after a raced `AdvanceSchedule` applies. The first failing write
+/// ends it, named in [`Error::Write`].
 pub(super) fn apply_writes(db: &impl Db, writes: &[Write]) -> Result<Vec<Outcome>, Error> {
     let mut outcomes = Vec::with_capacity(writes.len());
     let mut inserted = false;
+    let mut raced = false;
     for (index, write) in writes.iter().enumerate() {
+        if raced {
+            outcomes.push(Outcome::Done);
+            continue;
+        }
         let conditional = matches!(
             write,
             Write::AppendEventIfInserted(_)
@@ -942,6 +950,7 @@ pub(super) fn apply_writes(db: &impl Db, writes: &[Write]) -> Result<Vec<Outcome
         match write.apply(db) {
             Ok(outcome) => {
                 inserted |= outcome == Outcome::RunInserted;
+                raced = matches!(outcome, Outcome::ScheduleRaced { .. });
                 outcomes.push(outcome)
             }
             // A refused fence is the caller's answer, not a broken write: it says
