@@ -554,17 +554,36 @@ fn seeded_delay(seed: u64, key: &str, range: std::ops::Range<u64>) -> Duration {
     Duration::from_millis(rng.gen_range(range))
 }
 
-/// Checks the copies of one effect (a step's request, a notification): at most one
-/// more than the kills, each repeat sent after a kill that came after the copy
-/// before it (that copy was in flight, or unrecorded, when its replica died), and
-/// with a rising attempt where the effect carries one.
-fn check_repeats(what: &str, copies: &[Seen], kills: &[Instant], attempts: bool) {
+/// A SIGKILL of the chaos test: when, and which replica (its boot's id) died.
+struct Kill {
+    at: Instant,
+    replica: String,
+}
+
+/// The replica that sent a request (`X-Vectorstep-Replica`).
+fn sender(copy: &Seen) -> &str {
+    copy.headers
+        .get("x-vectorstep-replica")
+        .map(String::as_str)
+        .unwrap_or_else(|| panic!("a request without its replica: {:?}", copy.headers))
+}
+
+/// Checks the copies of one effect (a step's request, a notification): each
+/// repeat follows the kill of the replica that sent the copy before it, after
+/// that copy was sent (it was in flight, or unrecorded, when its replica died),
+/// comes from another replica, and carries a higher attempt where the effect has
+/// one.
+fn check_repeats(what: &str, copies: &[Seen], kills: &[Kill], attempts: bool) {
     assert!(!copies.is_empty(), "{what}: never sent");
     for w in copies.windows(2) {
+        let (before, again) = (sender(&w[0]), sender(&w[1]));
         assert!(
-            kills.iter().any(|k| w[0].at <= *k && *k <= w[1].at),
-            "{what}: sent again with no kill in between"
+            kills
+                .iter()
+                .any(|k| k.replica == before && w[0].at <= k.at && k.at <= w[1].at),
+            "{what}: sent again by {again} although {before}, which sent it before, was not killed in between"
         );
+        assert_ne!(before, again, "{what}: one replica sent it twice");
         if attempts {
             assert!(
                 w[1].attempt() > w[0].attempt(),
@@ -617,8 +636,16 @@ async fn three_replicas_lose_nothing_and_repeat_nothing_finished_through_a_kill_
     }
     let store = dirs[0].open_store();
     let mut svcs = Vec::new();
+    // Every replica id seen so far, and the one each slot runs now.
+    let mut known: Vec<String> = Vec::new();
+    let mut running_as = Vec::new();
     for d in &dirs {
-        svcs.push(Service::start(&d.root).await);
+        let svc = Service::start(&d.root).await;
+        svc.wait_ready().await;
+        let id = new_replica(&store, &known);
+        known.push(id.clone());
+        running_as.push(id);
+        svcs.push(svc);
     }
     let t0 = Instant::now();
     let mut ids = Vec::new();
@@ -637,12 +664,19 @@ async fn three_replicas_lose_nothing_and_repeat_nothing_finished_through_a_kill_
         }
         let victim = rng.gen_range(0..REPLICAS);
         svcs[victim].kill9();
-        kills.push(Instant::now());
+        kills.push(Kill {
+            at: Instant::now(),
+            replica: running_as[victim].clone(),
+        });
         eprintln!(
-            "chaos: round {round}: killed replica {victim} at t = {} ms",
+            "chaos: round {round}: killed replica {victim} ({}) at t = {} ms",
+            running_as[victim],
             t0.elapsed().as_millis()
         );
         svcs[victim].restart().await;
+        let id = new_replica(&store, &known);
+        known.push(id.clone());
+        running_as[victim] = id;
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     for id in &ids {

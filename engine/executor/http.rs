@@ -22,6 +22,20 @@ pub const EXCERPT_CHARS: usize = 500;
 
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 pub const ATTEMPT: &str = "x-vectorstep-attempt";
+pub const REPLICA: &str = "x-vectorstep-replica";
+
+/// This process's replica id, on a shared store (see [`set_replica`]).
+static REPLICA_ID: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
+
+/// Names this process's replica in every effect request from now on
+/// (`X-Vectorstep-Replica`), so a peer or a proxy log can tell which replica sent
+/// a request (a resend after a takeover comes from the adopter). Set once, by a
+/// replica on a shared store; a single process sends no such header.
+pub fn set_replica(id: &str) {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        let _ = REPLICA_ID.set(v);
+    }
+}
 
 /// The client shared by all HTTP executors. There is no overall timeout here:
 /// each request sets its own from the step and executor configuration.
@@ -47,11 +61,22 @@ pub fn call_headers(call: &Call<'_>) -> HeaderMap {
 }
 
 /// `Idempotency-Key: key` and `X-Vectorstep-Attempt: attempt`, for any call with
-/// an effect key (a step's, or a tool call's, SPEC 10).
+/// an effect key (a step's, or a tool call's), and `X-Vectorstep-Replica` from a
+/// replica.
 pub fn effect_headers(key: &str, attempt: u32) -> HeaderMap {
     let mut h = HeaderMap::new();
     h.insert(HeaderName::from_static(IDEMPOTENCY_KEY), header_value(key));
     h.insert(HeaderName::from_static(ATTEMPT), HeaderValue::from(attempt));
+    h.extend(replica_header());
+    h
+}
+
+/// `X-Vectorstep-Replica` of this process, if it is a replica.
+pub fn replica_header() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Some(replica) = REPLICA_ID.get() {
+        h.insert(HeaderName::from_static(REPLICA), replica.clone());
+    }
     h
 }
 

@@ -620,6 +620,7 @@ async fn send(engine: &Arc<Services>, id: &str, d: &Delivery) -> Result<(), Fail
                 .request(method, url)
                 .timeout(Duration::from_secs_f64(d.timeout_seconds.unwrap_or(30.0)))
                 .header("Idempotency-Key", id)
+                .headers(crate::executor::http::replica_header())
                 .json(&body);
             for (k, v) in &d.headers {
                 req = req.header(k, v);

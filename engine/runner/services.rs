@@ -82,8 +82,10 @@ impl Services {
     }
 
     /// Makes this process a replica that leases its runs (`serve` on a shared
-    /// store), before any run is created or resumed. Set once.
+    /// store), before any run is created or resumed. Set once. Its effect requests
+    /// name it from now on (`X-Vectorstep-Replica`).
     pub fn lease_runs_as(&self, book: Arc<super::leases::LeaseBook>) {
+        crate::executor::http::set_replica(book.replica());
         let _ = self.leases.set(book);
     }
 
