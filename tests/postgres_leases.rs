@@ -205,7 +205,8 @@ fn pg_lease(c: &mut postgres::Client, run_id: &str) -> Option<LeaseRecord> {
         owner: r.get(0),
         epoch: r.get::<_, i64>(1) as u64,
         expires_at: r.get(2),
-        released: r.get::<_, i64>(3) != 0,
+        released: r.get::<_, i64>(3) == 1,
+        parked: r.get::<_, i64>(3) == 2,
     })
 }
 

@@ -828,3 +828,94 @@ async fn a_cli_run_on_postgres_is_a_replica_whose_run_serve_takes_over_once_it_i
     assert_eq!(resumed[0]["in_flight"], json!(["s1"]));
     assert_eq!(peer.count_path("/step"), 4, "s0 once, s1 twice, s2 once");
 }
+
+/// The token of run `id`'s approval once the run is parked with its lease parked
+/// (held by nobody while it waits), from the store.
+async fn parked_on(store: &Store, id: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let lease = store.lease(id).expect("lease");
+        let pending = store
+            .approvals_of_run(id)
+            .expect("approvals")
+            .into_iter()
+            .find(|a| a.status == vectorstep::domain::ApprovalStatus::Pending);
+        if let (Some(l), Some(a)) = (&lease, pending) {
+            if l.parked {
+                return a.token;
+            }
+        }
+        assert!(Instant::now() < deadline, "{id} never parked: {lease:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_waiting_on_a_human_holds_no_lease_and_any_replica_acts_on_its_decision_or_deadline()
+{
+    let _serial = SERIAL.lock().await;
+    let (a_dir, b_dir) = two_replicas(&common::approvals::gate("p", "production", 8.0));
+    let store = a_dir.open_store();
+    let mut a = Service::start(&a_dir.root).await;
+    a.wait_ready().await;
+    let a_id = new_replica(&store, &[]);
+    let b = Service::start(&b_dir.root).await;
+    b.wait_ready().await;
+    let b_id = new_replica(&store, std::slice::from_ref(&a_id));
+
+    // Parked on A, decided on B: B claims the run and drives it on, while A,
+    // alive, holds nothing and writes nothing more for it.
+    let run = a.post_run("p", json!({})).await;
+    let token = parked_on(&store, &run).await;
+    let holding: Vec<(String, Vec<String>)> = store
+        .replicas()
+        .expect("replicas")
+        .into_iter()
+        .map(|r| (r.id, r.runs))
+        .collect();
+    assert!(
+        holding.iter().all(|(_, runs)| runs.is_empty()),
+        "a waiting run is nobody's: {holding:?}"
+    );
+    let decided = reqwest::Client::new()
+        .post(b.url(&format!("/approvals/{token}")))
+        .bearer_auth(b.bearer.clone().unwrap_or_default())
+        .json(&json!({"decision": "approve", "by": "alice"}))
+        .send()
+        .await
+        .expect("POST /approvals")
+        .status();
+    assert_eq!(decided, 200);
+    let done = b.wait_terminal(&run).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let lease = store.lease(&run).expect("lease").expect("leased");
+    assert_eq!(
+        (lease.owner.as_str(), lease.epoch),
+        (b_id.as_str(), 2),
+        "claimed once, by the replica that saw the decision"
+    );
+    let after = store.steps(&run).expect("steps");
+    assert!(
+        after.iter().all(|s| s.attempts == 1),
+        "each step once: {after:?}"
+    );
+
+    // Parked on A, and A killed: B adopts the run to re-arm its wait, and acts
+    // on its deadline.
+    let run = a.post_run("p", json!({})).await;
+    parked_on(&store, &run).await;
+    a.kill9();
+    let done = b.wait_terminal(&run).await;
+    assert_eq!(done["status"], "failed", "timed out: {done}");
+    let resumed = events(&done, "run_resumed");
+    assert_eq!(resumed.len(), 1, "{done}");
+    assert_eq!(resumed[0]["from_replica"], a_id.as_str());
+    assert_eq!(resumed[0]["replica"], b_id.as_str());
+    assert_eq!(events(&done, "approval_rearmed").len(), 1, "{done}");
+    let record = store.run(&run).expect("read").expect("run");
+    assert_eq!(
+        record.resume_count, 0,
+        "a wait moved on is not a resume attempt"
+    );
+    drop(b);
+}

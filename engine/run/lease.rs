@@ -19,6 +19,13 @@
 //! A lease released at a step boundary (SIGTERM) is a clean handoff: nothing was in
 //! flight, so the adoption does not count toward `max_resume_attempts`.
 //!
+//! A run waiting on a human holds no lease: its lease is parked when the run
+//! parks, and the sweep leaves it ([`Orphan::Parked`]) while the replica that
+//! parked it lives. Whichever replica first sees its decision or its deadline (the
+//! one deciding, or any replica's periodic check) claims it under the next epoch
+//! and drives it on; once the parking replica is gone, the sweep adopts the run to
+//! re-arm its wait (the deadline's timer, a message still owed), uncounted.
+//!
 //! How long a replica keeps driving without renewing is [`renewal`]: it stops one
 //! heartbeat before the lease could expire, so it has stopped before anyone may
 //! adopt the run.
@@ -34,6 +41,8 @@ pub struct Lease {
     pub expires_at: i64,
     /// Given up at a step boundary by a replica shutting down.
     pub released: bool,
+    /// The run waits on a human and nobody holds it (`Orphan::Parked`).
+    pub parked: bool,
 }
 
 /// Another replica as the `replicas` table shows it.
@@ -64,6 +73,9 @@ impl Timing {
 pub enum Orphan {
     /// Another replica's live lease: not this replica's run.
     Held { owner: String },
+    /// Waits on a human with its lease parked: claimed by whoever acts on its
+    /// decision or deadline, not by the sweep.
+    Parked,
     /// Left for a live replica that has the run's pipeline version loaded.
     LeaveFor { replica: String },
     /// Take it under `epoch`, then decide it as the start-up sweep does.
@@ -88,7 +100,20 @@ pub fn orphan(
     timing: Timing,
     now: i64,
 ) -> Orphan {
-    let expired = lease.is_none_or(|l| l.released || l.expires_at <= now);
+    // A parked run is left to its decision and deadline while the replica that
+    // parked it lives (it keeps the deadline's timer and the delivery); once that
+    // one is gone, another adopts it to re-arm both, uncounted like a handoff.
+    let parked_by_live = lease.is_some_and(|l| {
+        l.parked
+            && (l.owner == me
+                || others
+                    .iter()
+                    .any(|r| r.id == l.owner && timing.live(r, now)))
+    });
+    if parked_by_live {
+        return Orphan::Parked;
+    }
+    let expired = lease.is_none_or(|l| l.released || l.parked || l.expires_at <= now);
     if let Some(l) = lease.filter(|_| !expired) {
         if l.owner != me {
             return Orphan::Held {
@@ -111,7 +136,7 @@ pub fn orphan(
     Orphan::Claim {
         epoch: lease.map_or(1, |l| l.epoch + 1),
         from_replica: lease.map(|l| l.owner.clone()).filter(|o| o != me),
-        clean_handoff: lease.is_some_and(|l| l.released),
+        clean_handoff: lease.is_some_and(|l| l.released || l.parked),
     }
 }
 
@@ -128,7 +153,7 @@ pub enum Fence {
 }
 
 pub fn fence(current: &Lease, writer: &str, epoch: u64) -> Fence {
-    if current.owner == writer && current.epoch == epoch && !current.released {
+    if current.owner == writer && current.epoch == epoch && !current.released && !current.parked {
         Fence::Accept
     } else {
         Fence::Refuse {
@@ -188,6 +213,7 @@ mod tests {
             epoch,
             expires_at,
             released: false,
+            parked: false,
         }
     }
 
@@ -210,6 +236,10 @@ mod tests {
         let released = Lease {
             released: true,
             ..lease("b", 4, NOW + 20_000)
+        };
+        let parked = Lease {
+            parked: true,
+            ..lease("b", 6, NOW - 1)
         };
         let claim = |epoch, from: Option<&str>, clean| Orphan::Claim {
             epoch,
@@ -241,6 +271,15 @@ mod tests {
              Orphan::LeaveFor { replica: "b".into() }),
             ("a dead replica with that version does not count: claimed (then interrupted)",
              "v2", Some(lease("x", 1, NOW - 1)), &["v1"], vec![dead_c], claim(2, Some("x"), false)),
+            ("a run parked by a live replica is left to its decision and deadline",
+             "v1", Some(parked.clone()), &["v1"], vec![live_b.clone()], Orphan::Parked),
+            ("so is one this replica parked",
+             "v1", Some(Lease { owner: "a".into(), ..parked.clone() }), &["v1"], vec![], Orphan::Parked),
+            ("a run parked by a replica now gone is adopted to re-arm it, uncounted",
+             "v1", Some(parked.clone()), &["v1"], vec![], claim(7, Some("b"), true)),
+            ("parked by a gone replica, a version this one lacks: left for one that has it",
+             "v2", Some(parked), &["v1"], vec![replica("d", NOW, &["v2"])],
+             Orphan::LeaveFor { replica: "d".into() }),
             ("its own unexpired lease (found again after a restart of the sweep)",
              "v1", Some(lease("a", 7, NOW + 5)), &["v1"], vec![], claim(8, None, false)),
         ];
@@ -278,9 +317,17 @@ mod tests {
         assert_eq!(fence(&current, "z", 3), refuse, "another replica");
         let released = Lease {
             released: true,
-            ..current
+            ..current.clone()
         };
         assert!(matches!(fence(&released, "a", 3), Fence::Refuse { .. }));
+        let parked = Lease {
+            parked: true,
+            ..current
+        };
+        assert!(
+            matches!(fence(&parked, "a", 3), Fence::Refuse { .. }),
+            "a parked run is nobody's to write"
+        );
     }
 
     #[test]

@@ -101,6 +101,17 @@ impl LeaseBook {
         })
     }
 
+    /// The write that parks `run_id`'s lease (its run now waits on a human), if
+    /// this replica leases it; the book keeps it until that write is committed.
+    pub fn park(&self, run_id: &str) -> Option<Write> {
+        let epoch = self.map().get(run_id)?.epoch;
+        Some(Write::ParkLease {
+            run_id: run_id.to_string(),
+            replica: self.replica.clone(),
+            epoch,
+        })
+    }
+
     /// Releases for every lease held, for a clean handoff at shutdown.
     pub fn releases(&self) -> Vec<Write> {
         self.map()

@@ -287,8 +287,9 @@ impl Engine {
             if matches!(result, Ok(RunEnd::Finished(_)))
                 || result.as_ref().is_err_and(persist::lost_lease)
             {
-                // Ended, or lost: no more commits for it here. A drained or parked
-                // run keeps its lease (released at shutdown, renewed meanwhile).
+                // Ended, or lost: no more commits for it here. A drained run keeps
+                // its lease (released at shutdown, renewed meanwhile); a parked
+                // run's lease was parked before it parked (`park::park_lease`).
                 if let Some(book) = self.leases() {
                     book.forget(run_id);
                 }
@@ -374,6 +375,8 @@ impl Engine {
             }
         }
         self.unpark_run(run_id);
+        // Parked by another replica: driven on from here, where the cancel is known.
+        self.unpark_shared(run_id);
     }
 
     /// Waits until no run is being driven, or `grace` passes. Returns whether idle.
@@ -460,7 +463,11 @@ impl Engine {
             self.refresh_approvals_gauge();
             // A wait in a task wakes at once; for a parked run, a delivery still
             // retrying stops now. Nobody listening means nothing to wake.
-            self.unpark(token);
+            if !self.unpark(token) {
+                // Parked by another replica (or by one that is gone): driven on
+                // from here if nobody claims it first.
+                self.unpark_shared(&a.run_id);
+            }
             if let Some(signal) = self.existing_approval_signal(token) {
                 signal.notify_waiters();
             }

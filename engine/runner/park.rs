@@ -18,6 +18,15 @@
 //! Ownership is the map entry: whoever removes a token's entry drives the run on,
 //! so a decision racing the driver that is parking never yields two drivers.
 //!
+//! On a shared store (several replicas) a parked run holds no lease: its lease is
+//! parked (`Write::ParkLease`) before the run is registered here, and whoever
+//! drives it on first claims it under the next epoch ([`claim_parked_lease`]).
+//! That is this replica when the decision or the deadline reaches it first, the
+//! replica where the decision was made, or any replica whose periodic check
+//! ([`unpark_due_elsewhere`]) finds the run decided or past its deadline, also when
+//! the replica that parked it is gone. The claim is a compare-and-set, so one of
+//! them drives it.
+//!
 //! Only a top-level human step without `retry` or `loop_until`, in a run that is not
 //! a sub-pipeline child, parks; anything else waits inside its task as before (see
 //! `step::may_park`). A shutdown leaves parked runs as they are: they are durable
@@ -28,10 +37,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::services::Services;
 use super::{DriveMode, Engine};
+use crate::store::{Outcome, Write};
 
 /// How often the keeper looks for approvals decided by another process on the same
-/// store (decisions made in this process unpark at once).
+/// store, and on a shared store for parked runs due anywhere (decisions made in
+/// this process unpark at once).
 const FOREIGN_DECISIONS_EVERY: Duration = Duration::from_secs(5);
 
 /// One parked run.
@@ -100,14 +112,36 @@ impl Engine {
         let Some(parked) = self.parking().remove(token) else {
             return false;
         };
+        self.drive_unparked(parked.run_id, None);
+        true
+    }
+
+    /// Drives parked run `run_id` on, after claiming its lease on a shared store
+    /// (`expected_epoch`: the parked epoch, when known); a claim lost to another
+    /// replica drives nothing.
+    pub(crate) fn drive_unparked(self: &Arc<Self>, run_id: String, expected_epoch: Option<u64>) {
         self.active.fetch_add(1, Ordering::SeqCst);
         let engine = self.clone();
         tokio::spawn(async move {
-            engine
-                .drive_counted(&parked.run_id, DriveMode::Unpark, None)
-                .await
+            if !claim_parked_lease(&engine, &run_id, expected_epoch).await {
+                engine.release_slot();
+                return;
+            }
+            let _ = engine.drive_counted(&run_id, DriveMode::Unpark, None).await;
         });
-        true
+    }
+
+    /// On a shared store, drives on a run parked by any replica whose approval was
+    /// just decided here (or that was cancelled here), if nobody parked it in this
+    /// process; the claim decides who drives it.
+    pub(crate) fn unpark_shared(self: &Arc<Self>, run_id: &str) {
+        if self.leases().is_none() || self.is_shutting_down() {
+            return;
+        }
+        let here = self.parking().by_token.values().any(|p| p.run_id == run_id);
+        if !here {
+            self.drive_unparked(run_id.to_string(), None);
+        }
     }
 
     /// Unparks every run parked on one of the tokens of `run_id` (cancellation).
@@ -149,8 +183,13 @@ async fn keeper(engine: Arc<Engine>) {
         for token in due {
             engine.unpark(&token);
         }
-        if tokio::time::Instant::now() >= next_foreign_check && engine.parked_runs() > 0 {
-            unpark_decided_elsewhere(&engine);
+        if tokio::time::Instant::now() >= next_foreign_check {
+            if engine.parked_runs() > 0 {
+                unpark_decided_elsewhere(&engine);
+            }
+            if engine.leases().is_some() {
+                unpark_due_elsewhere(&engine);
+            }
             next_foreign_check = tokio::time::Instant::now() + FOREIGN_DECISIONS_EVERY;
         }
         let next_deadline = engine.parking().by_deadline.first().map(|(d, _)| *d);
@@ -185,5 +224,108 @@ fn unpark_decided_elsewhere(engine: &Arc<Engine>) {
         .collect();
     for token in decided {
         engine.unpark(&token);
+    }
+}
+
+/// On a shared store: drives on every parked run, parked by any replica, whose
+/// approval was decided or whose deadline passed, so neither waits on the replica
+/// that parked it (which may be gone). Runs parked here go through their entry.
+fn unpark_due_elsewhere(engine: &Arc<Engine>) {
+    let due = match engine.store.parked_due(engine.now_ms()) {
+        Ok(due) => due,
+        Err(e) => {
+            tracing::warn!(error = %e, "Could not read the parked runs; they are checked again later.");
+            return;
+        }
+    };
+    for (run_id, epoch) in due {
+        let tokens: Vec<String> = engine
+            .parking()
+            .by_token
+            .iter()
+            .filter(|(_, p)| p.run_id == run_id)
+            .map(|(t, _)| t.clone())
+            .collect();
+        if tokens.is_empty() {
+            engine.drive_unparked(run_id, Some(epoch));
+        }
+        for t in tokens {
+            engine.unpark(&t);
+        }
+    }
+}
+
+/// On a shared store, parks the lease of `run_id` before the run parks on an
+/// approval: from now on no replica holds it. `false`: the lease is not this
+/// replica's any more, or the store did not take the write; the run then waits in
+/// its task, still leased. Always `true` with no leases (SQLite).
+pub(super) async fn park_lease(services: &Services, run_id: &str) -> bool {
+    let Some(book) = services.leases() else {
+        return true;
+    };
+    let Some(write) = book.park(run_id) else {
+        return false;
+    };
+    match services.store.commit(vec![write]).await {
+        Ok(outcomes) if outcomes.first() == Some(&Outcome::Done) => {
+            book.forget(run_id);
+            true
+        }
+        Ok(_) => false,
+        Err(e) => {
+            tracing::warn!(run_id = %run_id, error = %e, "Could not park the run's lease; it waits in its task.");
+            false
+        }
+    }
+}
+
+/// On a shared store, claims the parked lease of `run_id` (under the epoch after
+/// `expected_epoch`, or after the parked one read now), so this replica may drive
+/// it on. `false`: it is not parked any more (another replica claimed it first),
+/// or the store did not answer. Always `true` with no leases (SQLite).
+pub(super) async fn claim_parked_lease(
+    services: &Services,
+    run_id: &str,
+    expected_epoch: Option<u64>,
+) -> bool {
+    let Some(book) = services.leases() else {
+        return true;
+    };
+    let expected = match expected_epoch {
+        Some(e) => e,
+        None => match services.store.lease(run_id) {
+            Ok(Some(l)) if l.parked => l.epoch,
+            Ok(_) => return false,
+            Err(e) => {
+                tracing::warn!(run_id = %run_id, error = %e, "Could not read a parked run's lease; it is checked again later.");
+                return false;
+            }
+        },
+    };
+    let claim = Write::ClaimRun {
+        run_id: run_id.to_string(),
+        replica: book.replica().to_string(),
+        expected_epoch: expected,
+        lease_ms: book.lease_ms(),
+        holder_gone: false,
+    };
+    match services.store.commit(vec![claim]).await {
+        Ok(outcomes) => match outcomes.first() {
+            Some(Outcome::Claimed { epoch }) => {
+                book.hold(
+                    run_id,
+                    super::leases::Held {
+                        epoch: *epoch,
+                        adopted: None,
+                    },
+                );
+                true
+            }
+            _ => false,
+        },
+        Err(e) => {
+            tracing::warn!(run_id = %run_id, error = %e, "Could not claim a parked run; it is checked again later.");
+            false
+        }
     }
 }

@@ -88,7 +88,14 @@ pub struct LeaseRecord {
     /// Database clock, unix ms.
     pub expires_at: i64,
     pub released: bool,
+    /// Parked: the run waits on a human and nobody holds it.
+    pub parked: bool,
 }
+
+/// `lease_released`: held (0), released at a step boundary (1), parked while
+/// the run waits on a human (2).
+const LEASE_RELEASED: i64 = 1;
+const LEASE_PARKED: i64 = 2;
 
 impl From<LeaseRecord> for Lease {
     fn from(l: LeaseRecord) -> Lease {
@@ -97,6 +104,7 @@ impl From<LeaseRecord> for Lease {
             epoch: l.epoch,
             expires_at: l.expires_at,
             released: l.released,
+            parked: l.parked,
         }
     }
 }
@@ -126,11 +134,13 @@ const RUNS: &str = "pipeline_runs";
 
 impl LeaseRecord {
     fn decode(c: &Cols) -> Result<Self, Error> {
+        let state: i64 = c.get("lease_released")?;
         Ok(LeaseRecord {
             owner: c.get("lease_owner")?,
             epoch: c.get("lease_epoch")?,
             expires_at: c.get("lease_expires_at")?,
-            released: c.get("lease_released")?,
+            released: state == LEASE_RELEASED,
+            parked: state == LEASE_PARKED,
         })
     }
 }
@@ -198,7 +208,7 @@ pub(super) fn claim(
             "UPDATE pipeline_runs SET lease_owner = ?2, lease_epoch = ?4, \
              lease_expires_at = {now} + ?5, lease_released = 0 \
              WHERE id = ?1 AND status = 'running' AND lease_epoch = ?3 \
-             AND (lease_owner IS NULL OR lease_released = 1 OR lease_expires_at <= {now} \
+             AND (lease_owner IS NULL OR lease_released <> 0 OR lease_expires_at <= {now} \
              OR lease_owner = ?2{gone})"
         ),
         &[&run_id, &replica, &expected_epoch, &epoch, &lease_ms],
@@ -267,11 +277,8 @@ pub(super) fn fence(
             "SELECT lease_owner, lease_epoch, lease_released FROM pipeline_runs WHERE id = ?1",
             &[&run_id],
             |c| {
-                Ok((
-                    c.get("lease_owner")?,
-                    c.get("lease_epoch")?,
-                    c.get("lease_released")?,
-                ))
+                let state: i64 = c.get("lease_released")?;
+                Ok((c.get("lease_owner")?, c.get("lease_epoch")?, state != 0))
             },
         )?
         .unwrap_or((None, 0, false));
@@ -321,6 +328,26 @@ pub(super) fn release(
     let changed = db.exec(
         "UPDATE pipeline_runs SET lease_released = 1 WHERE id = ?1 AND lease_owner = ?2 \
          AND lease_epoch = ?3",
+        &[&run_id, &replica, &epoch],
+    )?;
+    Ok(if changed > 0 {
+        Outcome::Done
+    } else {
+        Outcome::NotHeld
+    })
+}
+
+/// `Write::ParkLease`: parks the lease if it is `(replica, epoch)` and held;
+/// `NotHeld` otherwise.
+pub(super) fn park(
+    db: &impl Db,
+    run_id: &str,
+    replica: &str,
+    epoch: u64,
+) -> Result<Outcome, DbError> {
+    let changed = db.exec(
+        "UPDATE pipeline_runs SET lease_released = 2 WHERE id = ?1 AND lease_owner = ?2 \
+         AND lease_epoch = ?3 AND lease_released = 0",
         &[&run_id, &replica, &epoch],
     )?;
     Ok(if changed > 0 {
@@ -533,6 +560,25 @@ impl Store {
 
     pub fn named_lease(&self, name: &str) -> Result<Option<NamedLeaseRecord>, Error> {
         self.read(|conn| named(conn, name))
+    }
+
+    /// The parked runs (`Write::ParkLease`) with something to act on at `now`
+    /// (unix ms, the engine's clock like the deadlines): no approval of theirs is
+    /// still pending before its deadline, so one was decided or timed out. Each
+    /// with the epoch its claim expects.
+    pub fn parked_due(&self, now: i64) -> Result<Vec<(String, u64)>, Error> {
+        self.read(|conn| {
+            query_all(
+                conn,
+                RUNS,
+                "SELECT r.id, r.lease_epoch FROM pipeline_runs r WHERE r.status = 'running' \
+                 AND r.lease_released = 2 AND NOT EXISTS (SELECT 1 FROM pending_approvals a \
+                 WHERE a.run_id = r.id AND a.status = 'pending' AND a.deadline_at > ?1) \
+                 ORDER BY r.triggered_at, r.id",
+                &[&now],
+                |c| Ok((c.get("id")?, c.get("lease_epoch")?)),
+            )
+        })
     }
 
     /// The next due tick recorded for `pipeline`'s schedule.

@@ -199,6 +199,16 @@ pub enum Write {
         replica: String,
         epoch: u64,
     },
+    /// Parks the lease of a run that now waits on a human (a parked approval) if
+    /// it is `(replica, epoch)` and held: nobody holds it while the run waits, any
+    /// replica may claim it to act on the decision or the deadline, and fences of
+    /// its epoch are refused. `Outcome::Done`, or [`Outcome::NotHeld`] (a decision
+    /// already claimed it again, under a newer epoch).
+    ParkLease {
+        run_id: String,
+        replica: String,
+        epoch: u64,
+    },
     /// Sets the replica's `stopped_at` to now. `Outcome::Done`.
     StopReplica {
         replica: String,
@@ -365,6 +375,7 @@ impl Write {
             Write::LeaseNewRun { .. } => "LeaseNewRun",
             Write::Fence { .. } => "Fence",
             Write::ReleaseLease { .. } => "ReleaseLease",
+            Write::ParkLease { .. } => "ParkLease",
             Write::StopReplica { .. } => "StopReplica",
             Write::AcquireNamedLease { .. } => "AcquireNamedLease",
             Write::ReleaseNamedLease { .. } => "ReleaseNamedLease",
@@ -480,6 +491,11 @@ impl Write {
                 replica,
                 epoch,
             } => replicas::release(db, run_id, replica, *epoch),
+            Write::ParkLease {
+                run_id,
+                replica,
+                epoch,
+            } => replicas::park(db, run_id, replica, *epoch),
             Write::StopReplica { replica } => replicas::stop(db, replica),
             Write::AcquireNamedLease {
                 name,

@@ -958,7 +958,7 @@ impl<'a> Loop<'a> {
         }
         self.commit(vec![human_tool::waiting_record(self.facts.record)])
             .await?;
-        human_tool::park(self.services, self.call, &a)
+        human_tool::park(self.services, self.call, &a).await
     }
 
     /// The decision's event rides in the next commit.

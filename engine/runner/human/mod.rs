@@ -54,7 +54,7 @@ pub(super) fn run<'a>(
 ) -> BoxFuture<'a, Result<Outcome, CallFailure>> {
     Box::pin(async move {
         let waiting = Box::pin(request(engine, call, mode.unparked, &facts)).await?;
-        if mode.may_park && wait::park(engine, call, &waiting)? {
+        if mode.may_park && wait::park(engine, call, &waiting).await? {
             return Err(CallFailure::Parked);
         }
         wait::wait(engine, call, waiting).await

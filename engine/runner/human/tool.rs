@@ -132,12 +132,12 @@ pub(crate) fn waiting_record(record: &StepRecord) -> Write {
 
 /// Parks the run on approval `a` unless it is decided, due or cancelled already
 /// (`Ok(false)`: the caller waits, or acts, itself).
-pub(crate) fn park(
+pub(crate) async fn park(
     engine: &Arc<Services>,
     call: &Call<'_>,
     a: &ApprovalRecord,
 ) -> Result<bool, CallFailure> {
-    wait::park(engine, call, &Waiting::of(a))
+    wait::park(engine, call, &Waiting::of(a)).await
 }
 
 /// A tool call's approval found waiting after a restart: its message is sent now

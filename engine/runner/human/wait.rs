@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use super::super::park;
 use super::super::unit::CallFailure;
 use super::super::Services;
 use super::fail;
@@ -54,13 +55,22 @@ impl Waiting {
 /// Parks the run on `w` (see `park`) unless there is something to act on now.
 /// `Ok(true)`: parked, the caller must return at once without writing anything;
 /// `Ok(false)`: this task owns the run and waits (or acts) itself.
-pub(super) fn park(
+pub(super) async fn park(
     engine: &Arc<Services>,
     call: &Call<'_>,
     w: &Waiting,
 ) -> Result<bool, CallFailure> {
     if engine.is_shutting_down() || engine.is_cancelled(call.run_id) {
         return Ok(false);
+    }
+    // On a shared store nobody holds a parked run's lease; one this replica
+    // cannot park keeps its run waiting in this task. Not parked at all when there
+    // is something to act on already (an unparked run comes back decided).
+    if engine.leases().is_some() {
+        let due = matches!(read(engine, w), Ok(Some(_))) || engine.now_ms() >= w.deadline_at;
+        if due || !park::park_lease(engine, call.run_id).await {
+            return Ok(false);
+        }
     }
     // Registered first, checked second: a decision or cancellation that lands
     // before the registration is seen below; one after it finds the entry and
@@ -72,12 +82,16 @@ pub(super) fn park(
         }
         Err(e) => {
             return match engine.claim_parked(&w.token) {
-                true => Err(e),
-                false => Ok(true),
+                // Going on here needs the lease back; lost, another replica drives.
+                true if park::claim_parked_lease(engine, call.run_id, None).await => Err(e),
+                _ => Ok(true),
             };
         }
     };
-    Ok(!(act_now && engine.claim_parked(&w.token)))
+    if act_now && engine.claim_parked(&w.token) {
+        return Ok(!park::claim_parked_lease(engine, call.run_id, None).await);
+    }
+    Ok(true)
 }
 
 /// Waits for the outcome; an outcome (not a drain) marks the approval as used, so
