@@ -846,8 +846,9 @@ fn on_postgres_a_takeover_and_a_fenced_batch_never_interleave() {
     .expect("set up");
     assert_eq!(created[1], Outcome::Claimed { epoch: 1 });
 
-    // a's fenced batch for x stops midway, holding x's row: b's claim waits for it
-    // and, the fence having moved nothing, then wins.
+    // a's fenced batch for x stops midway, holding x's row: b's claim skips the
+    // locked row (`FOR UPDATE SKIP LOCKED`) rather than waiting, and reports it
+    // lost; once the batch committed, having moved nothing, b's next claim wins.
     let mut gate_a = gate(&url, "gate-a");
     let a = {
         let url = url.clone();
@@ -855,18 +856,21 @@ fn on_postgres_a_takeover_and_a_fenced_batch_never_interleave() {
         std::thread::spawn(move || pg_apply(&named_store(&url, "vs-a"), &batch))
     };
     wait_for_lock(&mut setup, "vs-a");
-    let b = {
-        let url = url.clone();
-        std::thread::spawn(move || {
-            pg_apply(&named_store(&url, "vs-b"), &[claim("x", "b", 1, MINUTE)])
-        })
-    };
-    wait_for_lock(&mut setup, "vs-b");
-    assert!(!b.is_finished(), "the claim waits for the fenced batch");
+    let b_store = named_store(&url, "vs-b");
+    let skipped = pg_apply(&b_store, &[claim("x", "b", 1, MINUTE)]).expect("b's claim");
+    assert_eq!(
+        skipped,
+        [Outcome::ClaimLost {
+            owner: Some("a".into()),
+            epoch: 1
+        }],
+        "the claim skips the row the fenced batch holds"
+    );
+    assert!(!a.is_finished(), "a's batch is still open");
     gate_a.batch_execute("COMMIT").expect("open the gate");
     let a = a.join().expect("thread a").expect("a's batch");
     assert_eq!(a, [Outcome::Done, Outcome::Done, Outcome::Done]);
-    let b = b.join().expect("thread b").expect("b's claim");
+    let b = pg_apply(&b_store, &[claim("x", "b", 1, MINUTE)]).expect("b's claim");
     assert_eq!(b, [Outcome::Claimed { epoch: 2 }]);
     // a's next batch is refused whole.
     let refused = pg_apply(&setup_store, &[fence("x", "a", 1), event("x", "late")]);

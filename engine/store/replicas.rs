@@ -203,13 +203,24 @@ pub(super) fn claim(
     let now = db.now_ms_sql();
     let epoch = expected_epoch.saturating_add(1);
     let gone = if holder_gone { " OR TRUE" } else { "" };
+    let free = format!(
+        "id = ?1 AND status = 'running' AND lease_epoch = ?3 \
+         AND (lease_owner IS NULL OR lease_released <> 0 OR lease_expires_at <= {now} \
+         OR lease_owner = ?2{gone})"
+    );
+    // On PostgreSQL the row is taken `FOR UPDATE SKIP LOCKED`: a run whose row
+    // another transaction holds (its holder's fenced batch, another replica's
+    // claim) is skipped, not waited for, and this claim reports it lost; the
+    // next sweep looks again. SQLite has one writer, so nothing holds a row.
+    let target = if db.is_postgres() {
+        format!("id = (SELECT id FROM pipeline_runs WHERE {free} FOR UPDATE SKIP LOCKED)")
+    } else {
+        free
+    };
     let changed = db.exec(
         &format!(
             "UPDATE pipeline_runs SET lease_owner = ?2, lease_epoch = ?4, \
-             lease_expires_at = {now} + ?5, lease_released = 0 \
-             WHERE id = ?1 AND status = 'running' AND lease_epoch = ?3 \
-             AND (lease_owner IS NULL OR lease_released <> 0 OR lease_expires_at <= {now} \
-             OR lease_owner = ?2{gone})"
+             lease_expires_at = {now} + ?5, lease_released = 0 WHERE {target}"
         ),
         &[&run_id, &replica, &expected_epoch, &epoch, &lease_ms],
     )?;
