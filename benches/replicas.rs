@@ -144,7 +144,9 @@ fn adoption(
         let start = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
-        let runs = adopt::claim_orphans(&engine).await.expect("orphan sweep");
+        let runs = adopt::claim_orphans(&engine, adopt::SweepCause::Heartbeat)
+            .await
+            .expect("orphan sweep");
         assert_eq!(runs.len(), 200, "every orphan claimed");
         sweep::resume_all(&engine, runs).await;
         let mut latencies = Vec::new();

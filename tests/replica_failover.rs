@@ -521,10 +521,23 @@ async fn a_replica_stopped_with_sigterm_hands_its_runs_over_at_a_step_boundary()
     })
     .await;
     let (a_dir, b_dir) = two_replicas(&pipeline(&peer.url(), 3));
+    // A sweep every 30 s: within the 20 s allowed below only the notice A sends as
+    // it lets its runs go can wake B's.
+    for d in [&a_dir, &b_dir] {
+        let text = std::fs::read_to_string(d.config_path()).expect("config");
+        let slow = text.replace(
+            common::backend::TEST_REPLICA_YAML,
+            "replica: {lease_seconds: 61, heartbeat_seconds: 30}",
+        );
+        assert_ne!(slow, text, "the replica settings are in the config");
+        std::fs::write(d.config_path(), slow).expect("config");
+    }
     let store = a_dir.open_store();
     let mut a = Service::start(&a_dir.root).await;
+    a.wait_ready().await;
     let a_id = new_replica(&store, &[]);
     let b = Service::start(&b_dir.root).await;
+    b.wait_ready().await;
     let b_id = new_replica(&store, std::slice::from_ref(&a_id));
     let id = a.post_run("p", json!({})).await;
     peer.wait_for_path("/step", 1).await;
@@ -542,6 +555,15 @@ async fn a_replica_stopped_with_sigterm_hands_its_runs_over_at_a_step_boundary()
         assert_eq!(step.attempts, 1, "each step ran once: {step:?}");
     }
     assert_eq!(peer.count_path("/step"), 3);
+    let log = std::fs::read_to_string(b_dir.root.join("serve.log")).expect("B's log");
+    let adopting: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Adopting a run nobody drives any more"))
+        .collect();
+    assert!(
+        adopting.len() == 1 && adopting[0].contains("notified"),
+        "B's sweep was woken by A's notice: {adopting:?}"
+    );
 }
 
 /// A delay in `range` ms, the same for the same seed and key.

@@ -167,6 +167,7 @@ async fn register_replica(engine: &Arc<Engine>) -> anyhow::Result<tokio::task::J
         id,
         ReplicaKind::Run,
         liveness,
+        engine.shutdown_signal(),
     )))
 }
 

@@ -81,7 +81,8 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         // outbox's claim set keeps it from racing a run's own delivery. The same
         // task retries failed deliveries until shutdown (runner::outbox).
         // On a shared store: registered before anything is resumed, heartbeating
-        // until shutdown.
+        // until its runs are drained and let go (`stop_heartbeat`).
+        let (stop_heartbeat, heartbeat_stop) = tokio::sync::watch::channel(false);
         let heartbeat = match replica_id {
             Some(id) => {
                 let liveness = vectorstep::runner::replica::register(&engine, &id, ReplicaKind::Serve).await?;
@@ -92,14 +93,14 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
                     "cannot take this replica's liveness lock on {}: a `vectorstep store copy` may be using the database; wait for it to finish",
                     engine.store.name()
                 );
-                Some(tokio::spawn(vectorstep::runner::replica::heartbeat(engine.clone(), id, ReplicaKind::Serve, liveness)))
+                Some(tokio::spawn(vectorstep::runner::replica::heartbeat(engine.clone(), id, ReplicaKind::Serve, liveness, heartbeat_stop)))
             }
             None => None,
         };
         outbox::start_retries(engine.services());
         // On a shared store only what nobody else drives (runner::adopt).
         let resumable = if engine.store.is_shared() {
-            vectorstep::runner::adopt::claim_orphans(&engine).await?
+            vectorstep::runner::adopt::claim_orphans(&engine, vectorstep::runner::adopt::SweepCause::Start).await?
         } else {
             sweep::sweep(&engine).await?
         };
@@ -143,7 +144,9 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             p.abort();
         }
         retention.abort();
-        // Ended by the shutdown signal; it records that this replica stopped.
+        // Only now, with nothing in flight or the leases let go: it records that
+        // this replica stopped and gives up its liveness lock.
+        let _ = stop_heartbeat.send(true);
         if let Some(h) = heartbeat {
             let _ = tokio::time::timeout(Duration::from_secs(5), h).await;
         }

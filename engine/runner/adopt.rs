@@ -25,9 +25,33 @@ use crate::domain::RunStatus;
 use crate::run::lease::{orphan, Lease, Orphan, Replica};
 use crate::store::{Outcome, RunLeaseRow, RunRecord, Write};
 
+/// What started a pass of the orphan sweep (logged with each run it adopts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepCause {
+    /// This replica's start.
+    Start,
+    /// The heartbeat's timer.
+    Heartbeat,
+    /// Another replica let runs go (`LISTEN`/`NOTIFY` on the work channel).
+    Notified,
+}
+
+impl SweepCause {
+    fn as_str(self) -> &'static str {
+        match self {
+            SweepCause::Start => "start",
+            SweepCause::Heartbeat => "heartbeat",
+            SweepCause::Notified => "notified",
+        }
+    }
+}
+
 /// One pass: claims the orphans this replica may take, settles them and returns
 /// those to resume, oldest first.
-pub async fn claim_orphans(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error> {
+pub async fn claim_orphans(
+    engine: &Arc<Engine>,
+    cause: SweepCause,
+) -> Result<Vec<RunRecord>, Error> {
     let Some(book) = engine.leases() else {
         return Ok(Vec::new());
     };
@@ -106,7 +130,7 @@ pub async fn claim_orphans(engine: &Arc<Engine>) -> Result<Vec<RunRecord>, Error
         // Read now that it is ours: nothing else changes it any more.
         match engine.store.run(&row.run_id)? {
             Some(run) if run.status == RunStatus::Running => {
-                tracing::warn!(run_id = %run.id, pipeline = %run.pipeline_name, from_replica = from_replica.as_deref().unwrap_or(""), clean_handoff, "Adopting a run nobody drives any more.");
+                tracing::warn!(run_id = %run.id, pipeline = %run.pipeline_name, from_replica = from_replica.as_deref().unwrap_or(""), clean_handoff, sweep = cause.as_str(), "Adopting a run nobody drives any more.");
                 if from_replica.is_some() {
                     crate::telemetry::run_adopted(&run.pipeline_name);
                 }
@@ -159,22 +183,30 @@ fn probe(engine: &Engine, gone: &mut HashMap<String, bool>, replica: &str) -> bo
         .or_insert_with(|| engine.store.replica_gone(replica).unwrap_or(false))
 }
 
-/// Sweeps for orphans every `replica.heartbeat_seconds` until shutdown, and
-/// resumes what it claims.
+/// Sweeps for orphans every `replica.heartbeat_seconds` until shutdown, and at
+/// once when another replica lets runs go (it notifies the work channel as it
+/// releases them), and resumes what it claims.
 pub async fn watch(engine: Arc<Engine>) {
     let every = Duration::from_millis(
         u64::try_from(super::replica::timing(&engine).heartbeat_ms).unwrap_or(1000),
     );
+    let woken = Arc::new(tokio::sync::Notify::new());
+    if let Some(url) = &engine.config.database_url {
+        if let Err(e) = crate::store::listen_for_work(url, woken.clone()) {
+            tracing::warn!(error = %e, "Cannot listen for runs other replicas let go; they are found by the heartbeat's sweep.");
+        }
+    }
     let mut shutdown = engine.shutdown_signal();
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+        let cause = tokio::select! {
+            _ = tokio::time::sleep(every) => SweepCause::Heartbeat,
+            _ = woken.notified() => SweepCause::Notified,
             _ = shutdown.changed() => return,
-        }
+        };
         if engine.is_shutting_down() {
             return;
         }
-        match claim_orphans(&engine).await {
+        match claim_orphans(&engine, cause).await {
             Ok(runs) if !runs.is_empty() => sweep::resume_all(&engine, runs).await,
             Ok(_) => {}
             Err(e) => {

@@ -131,17 +131,25 @@ pub async fn register(
     Ok(liveness)
 }
 
-/// Heartbeats until shutdown begins, then records that this replica stopped.
-pub async fn heartbeat(engine: Arc<Engine>, id: String, kind: ReplicaKind, liveness: Liveness) {
+/// Heartbeats until `stop` turns true, then records that this replica stopped.
+/// `serve` stops it only after its drain and its lease release: while steps
+/// still finish, its leases are renewed and its liveness lock held, so no other
+/// replica takes a run in flight.
+pub async fn heartbeat(
+    engine: Arc<Engine>,
+    id: String,
+    kind: ReplicaKind,
+    liveness: Liveness,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let mut liveness = liveness;
     let host = host_name();
     let every = Duration::from_millis(u64::try_from(timing(&engine).heartbeat_ms).unwrap_or(1000));
-    let mut shutdown = engine.shutdown_signal();
     let mut failing = false;
-    while !*shutdown.borrow() {
+    while !*stop.borrow() {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
-            _ = shutdown.changed() => break,
+            _ = stop.changed() => break,
         }
         liveness.keep(&id);
         match engine

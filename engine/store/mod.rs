@@ -354,6 +354,13 @@ pub fn lock_replica(url: &str, replica: &str) -> Result<Option<SessionLock>, Err
     )?)
 }
 
+/// Wakes `wake` whenever another process on the PostgreSQL store at `url` frees
+/// runs for others (a lease released at shutdown, a replica stopped), and after the
+/// listener reconnects; see `postgres::WORK_CHANNEL`.
+pub fn listen_for_work(url: &str, wake: std::sync::Arc<tokio::sync::Notify>) -> Result<(), Error> {
+    Ok(postgres::listen(url, postgres::WORK_CHANNEL, wake)?)
+}
+
 /// Refuses to start on a disk with no room left, and warns when it is short.
 fn check_free_space(path: &Path) -> Result<(), Error> {
     let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -341,11 +341,27 @@ pub(super) fn release(
          AND lease_epoch = ?3",
         &[&run_id, &replica, &epoch],
     )?;
+    if changed > 0 {
+        notify_work(db)?;
+    }
     Ok(if changed > 0 {
         Outcome::Done
     } else {
         Outcome::NotHeld
     })
+}
+
+/// On PostgreSQL, tells the other replicas (`LISTEN`ing on the work channel) that
+/// runs were freed, when this transaction commits; several notices of one
+/// transaction arrive as one.
+fn notify_work(db: &impl Db) -> Result<(), DbError> {
+    if db.is_postgres() {
+        db.exec(
+            &format!("SELECT pg_notify('{}', '')", super::postgres::WORK_CHANNEL),
+            &[],
+        )?;
+    }
+    Ok(())
 }
 
 /// `Write::ParkLease`: parks the lease if it is `(replica, epoch)` and held;
@@ -371,6 +387,7 @@ pub(super) fn park(
 /// `Write::StopReplica`: records when the replica stopped (`Done` even for an
 /// unknown id: there is nothing to stop).
 pub(super) fn stop(db: &impl Db, replica: &str) -> Result<Outcome, DbError> {
+    notify_work(db)?;
     let now = db.now_ms_sql();
     db.exec(
         &format!("UPDATE replicas SET stopped_at = {now} WHERE id = ?1"),

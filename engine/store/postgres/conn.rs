@@ -193,3 +193,77 @@ impl Db for PgConn {
             .collect()
     }
 }
+
+/// How long the listener waits before connecting again after its connection
+/// ended (the server restarted, the network dropped).
+const LISTEN_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Listens on `channel` (`LISTEN`) over a connection of its own, for the
+/// process's life, and wakes `wake` (one stored permit) for every notification
+/// and after every reconnect, since a notification sent while it was away is
+/// lost. Waking is a hint: whoever waits also looks on a timer.
+pub(crate) fn listen(
+    url: &str,
+    channel: &'static str,
+    wake: std::sync::Arc<tokio::sync::Notify>,
+) -> Result<(), PgError> {
+    let mut config: tokio_postgres::Config = url.parse().map_err(|source| PgError::Connect {
+        url: redact(url),
+        source,
+    })?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    config.keepalives(true);
+    config.application_name("vectorstep listener");
+    io()?.spawn(async move {
+        loop {
+            match listen_once(&config, channel, &wake).await {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::debug!(error = %super::detail(&e), channel, "The PostgreSQL listener lost its connection; connecting again.");
+                }
+            }
+            tokio::time::sleep(LISTEN_RETRY).await;
+        }
+    });
+    Ok(())
+}
+
+/// One connection's worth of listening: ends when the connection does.
+async fn listen_once(
+    config: &tokio_postgres::Config,
+    channel: &'static str,
+    wake: &tokio::sync::Notify,
+) -> Result<(), tokio_postgres::Error> {
+    use futures::StreamExt;
+    let (client, mut connection) = config.connect(tokio_postgres::NoTls).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    // The connection delivers notifications only while it is polled.
+    let pump = tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(tokio_postgres::AsyncMessage::Notification(_)) => {
+                    if tx.send(()).is_err() {
+                        return Ok(());
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    });
+    client.batch_execute(&format!("LISTEN {channel}")).await?;
+    // Listening again: whatever was sent meanwhile is looked for now.
+    wake.notify_one();
+    while rx.recv().await.is_some() {
+        wake.notify_one();
+    }
+    drop(client);
+    match pump.await {
+        Ok(result) => result,
+        Err(_) => Ok(()),
+    }
+}

@@ -11,6 +11,9 @@
 //! - `writer`: the writer thread's group commit over one connection, made again
 //!   after the server or the network dropped it.
 //! - `pool`: connections for reads.
+//! - `conn::listen`: one more connection that `LISTEN`s for `WORK_CHANNEL`, so a
+//!   replica hears at once that runs were let go (a handoff) instead of at its
+//!   next sweep.
 //!
 //! The engine never holds a connection across an await, and never holds a
 //! transaction across a step: a transaction lives inside one group commit.
@@ -21,7 +24,12 @@ pub(crate) mod pool;
 pub(crate) mod schema;
 pub(crate) mod writer;
 
-pub(crate) use conn::PgConn;
+pub(crate) use conn::{listen, PgConn};
+
+/// The channel every replica listens on and a write that frees runs for others
+/// (`ReleaseLease`, `StopReplica`) notifies in its transaction: delivered when it
+/// commits, to wake the other replicas' orphan sweeps.
+pub(crate) const WORK_CHANNEL: &str = "vectorstep_work";
 
 pub use super::error::{detail, PgError};
 
