@@ -941,3 +941,46 @@ async fn a_run_waiting_on_a_human_holds_no_lease_and_any_replica_acts_on_its_dec
     );
     drop(b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_cancelled_through_another_replica_stops_where_it_is_driven() {
+    let _serial = SERIAL.lock().await;
+    let peer = HoldingPeer::start(|_| {
+        Answer::Reply(Reply::output(1.0, "ok").delayed(Duration::from_millis(600)))
+    })
+    .await;
+    let (a_dir, b_dir) = two_replicas(&pipeline(&peer.url(), 6));
+    let store = a_dir.open_store();
+    let a = Service::start(&a_dir.root).await;
+    a.wait_ready().await;
+    let b = Service::start(&b_dir.root).await;
+    b.wait_ready().await;
+    let id = a.post_run("p", json!({})).await;
+    peer.wait_for_path("/step", 1).await;
+    let answer = reqwest::Client::new()
+        .post(b.url(&format!("/runs/{id}/cancel")))
+        .bearer_auth(b.bearer.clone().unwrap_or_default())
+        .json(&json!({"by": "alice"}))
+        .send()
+        .await
+        .expect("POST /runs/{id}/cancel");
+    assert_eq!(answer.status(), 200);
+    let done = a.wait_terminal(&id).await;
+    assert_eq!(done["status"], "cancelled", "{done}");
+    assert_eq!(event_by(&done, "run_cancelled"), "alice");
+    let ran = peer.count_path("/step");
+    assert!(
+        ran < 6,
+        "stopped at a step boundary on A: {ran} of 6 steps ran"
+    );
+    let lease = store.lease(&id).expect("lease").expect("leased");
+    assert_eq!(lease.epoch, 1, "A drove it to its end; nobody took it over");
+    drop(b);
+}
+
+/// The `by` of a run's one `name` event.
+fn event_by(run: &Value, name: &str) -> String {
+    let found = events(run, name);
+    assert_eq!(found.len(), 1, "one {name}: {run}");
+    found[0]["by"].as_str().unwrap_or_default().to_string()
+}

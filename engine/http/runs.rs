@@ -86,9 +86,11 @@ pub async fn cancel(
             format!("run is already {}", run.status),
         ));
     }
-    // A run of a live `vectorstep run` is driven by that process, which cannot see
-    // this process's memory: the request is stored for it (it polls every second).
-    if let Some(owner) = state.engine.store.run_owner(&id)? {
+    // A run of a live `vectorstep run`, or on a shared store of another replica,
+    // is driven by a process that cannot see this one's memory: the request is
+    // stored for it (it polls every second, a replica every heartbeat).
+    let owner = state.engine.store.run_owner(&id)?;
+    if owner.is_some() || state.engine.store.is_shared() {
         state
             .engine
             .store
@@ -97,7 +99,7 @@ pub async fn cancel(
                 value: by.clone().unwrap_or_default(),
             }])
             .await?;
-        tracing::info!(run_id = %id, owner = %owner, "Cancel requested for a run of a `vectorstep run` process.");
+        tracing::info!(run_id = %id, owner = owner.as_deref().unwrap_or(""), "Cancel request stored for the process that drives the run.");
     }
     state.engine.cancel_by(&id, by.as_deref());
     Ok(Json(

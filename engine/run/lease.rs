@@ -26,9 +26,10 @@
 //! and drives it on; once the parking replica is gone, the sweep adopts the run to
 //! re-arm its wait (the deadline's timer, a message still owed), uncounted.
 //!
-//! How long a replica keeps driving without renewing is [`renewal`]: it stops one
-//! heartbeat before the lease could expire, so it has stopped before anyone may
-//! adopt the run.
+//! A replica that cannot renew its leases (the database is unreachable) cannot
+//! commit either, and every effect starts only after a commit (a step's `running`
+//! record, a tool call's `started`), so it starts nothing new while cut off; when
+//! it reaches the database again, a run adopted meanwhile refuses its fence.
 
 use std::collections::BTreeSet;
 
@@ -160,25 +161,6 @@ pub fn fence(current: &Lease, writer: &str, epoch: u64) -> Fence {
             owner: current.owner.clone(),
             epoch: current.epoch,
         }
-    }
-}
-
-/// What a replica does about its leases at `now`, having last renewed them (one
-/// statement for all) at `renewed_at`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Renewal {
-    /// Keep driving; renew at the next heartbeat.
-    Keep,
-    /// Renewing failed for too long: stop driving every leased run now, before the
-    /// leases can expire and another replica adopts them.
-    StopDriving,
-}
-
-pub fn renewal(renewed_at: i64, now: i64, timing: Timing) -> Renewal {
-    if now >= renewed_at + timing.lease_ms - timing.heartbeat_ms {
-        Renewal::StopDriving
-    } else {
-        Renewal::Keep
     }
 }
 
@@ -328,24 +310,6 @@ mod tests {
             matches!(fence(&parked, "a", 3), Fence::Refuse { .. }),
             "a parked run is nobody's to write"
         );
-    }
-
-    #[test]
-    fn renewals() {
-        let rows = [
-            (0, Renewal::Keep),
-            (T.heartbeat_ms, Renewal::Keep),
-            (T.lease_ms - T.heartbeat_ms - 1, Renewal::Keep),
-            (T.lease_ms - T.heartbeat_ms, Renewal::StopDriving),
-            (T.lease_ms + 1, Renewal::StopDriving),
-        ];
-        for (since, want) in rows {
-            assert_eq!(
-                renewal(NOW, NOW + since, T),
-                want,
-                "{since} ms after renewing"
-            );
-        }
     }
 
     #[test]

@@ -206,12 +206,39 @@ pub async fn watch(engine: Arc<Engine>) {
         if engine.is_shutting_down() {
             return;
         }
+        cancel_requested_elsewhere(&engine);
         match claim_orphans(&engine, cause).await {
             Ok(runs) if !runs.is_empty() => sweep::resume_all(&engine, runs).await,
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "Could not sweep for runs nobody drives; trying again at the next heartbeat.");
             }
+        }
+    }
+}
+
+/// Cancels the runs this replica drives that were cancelled through another
+/// replica (which stored the request, `runner::cancel_request_key`): they stop at
+/// their next step boundary here, where they are driven.
+fn cancel_requested_elsewhere(engine: &Arc<Engine>) {
+    let Some(book) = engine.leases() else {
+        return;
+    };
+    let prefix = super::cancel_request_key("");
+    let requests = match engine.store.kv_prefixed(&prefix) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "Could not read cancel requests; looking again at the next heartbeat.");
+            return;
+        }
+    };
+    for (key, by) in requests {
+        let Some(run_id) = key.strip_prefix(&prefix) else {
+            continue;
+        };
+        if book.holds(run_id) && !engine.is_cancelled(run_id) {
+            let by = Some(by).filter(|b| !b.is_empty());
+            engine.cancel_by(run_id, by.as_deref());
         }
     }
 }

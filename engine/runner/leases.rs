@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::store::Write;
+use crate::store::{Outcome, Store, Write};
 
 /// One lease this replica holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,6 +130,82 @@ impl LeaseBook {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// On a shared store, parks the lease of `run_id` before the run parks on an
+/// approval: from now on no replica holds it. `false`: the lease is not this
+/// replica's any more, or the store did not take the write; the run then waits in
+/// its task, still leased. Always `true` with no leases (SQLite).
+pub(super) async fn park_lease(store: &Store, book: Option<&LeaseBook>, run_id: &str) -> bool {
+    let Some(book) = book else {
+        return true;
+    };
+    let Some(write) = book.park(run_id) else {
+        return false;
+    };
+    match store.commit(vec![write]).await {
+        Ok(outcomes) if outcomes.first() == Some(&Outcome::Done) => {
+            book.forget(run_id);
+            true
+        }
+        Ok(_) => false,
+        Err(e) => {
+            tracing::warn!(run_id = %run_id, error = %e, "Could not park the run's lease; it waits in its task.");
+            false
+        }
+    }
+}
+
+/// On a shared store, claims the parked lease of `run_id` (under the epoch after
+/// `expected_epoch`, or after the parked one read now), so this replica may drive
+/// it on. `false`: it is not parked any more (another replica claimed it first),
+/// or the store did not answer. Always `true` with no leases (SQLite).
+pub(super) async fn claim_parked_lease(
+    store: &Store,
+    book: Option<&LeaseBook>,
+    run_id: &str,
+    expected_epoch: Option<u64>,
+) -> bool {
+    let Some(book) = book else {
+        return true;
+    };
+    let expected = match expected_epoch {
+        Some(e) => e,
+        None => match store.lease(run_id) {
+            Ok(Some(l)) if l.parked => l.epoch,
+            Ok(_) => return false,
+            Err(e) => {
+                tracing::warn!(run_id = %run_id, error = %e, "Could not read a parked run's lease; it is checked again later.");
+                return false;
+            }
+        },
+    };
+    let claim = Write::ClaimRun {
+        run_id: run_id.to_string(),
+        replica: book.replica().to_string(),
+        expected_epoch: expected,
+        lease_ms: book.lease_ms(),
+        holder_gone: false,
+    };
+    match store.commit(vec![claim]).await {
+        Ok(outcomes) => match outcomes.first() {
+            Some(Outcome::Claimed { epoch }) => {
+                book.hold(
+                    run_id,
+                    Held {
+                        epoch: *epoch,
+                        adopted: None,
+                    },
+                );
+                true
+            }
+            _ => false,
+        },
+        Err(e) => {
+            tracing::warn!(run_id = %run_id, error = %e, "Could not claim a parked run; it is checked again later.");
+            false
+        }
     }
 }
 

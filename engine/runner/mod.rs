@@ -289,7 +289,7 @@ impl Engine {
             {
                 // Ended, or lost: no more commits for it here. A drained run keeps
                 // its lease (released at shutdown, renewed meanwhile); a parked
-                // run's lease was parked before it parked (`park::park_lease`).
+                // run's lease was parked before it parked (`leases::park_lease`).
                 if let Some(book) = self.leases() {
                     book.forget(run_id);
                 }

@@ -20,7 +20,7 @@
 //!
 //! On a shared store (several replicas) a parked run holds no lease: its lease is
 //! parked (`Write::ParkLease`) before the run is registered here, and whoever
-//! drives it on first claims it under the next epoch ([`claim_parked_lease`]).
+//! drives it on first claims it under the next epoch (`leases::claim_parked_lease`).
 //! That is this replica when the decision or the deadline reaches it first, the
 //! replica where the decision was made, or any replica whose periodic check
 //! ([`unpark_due_elsewhere`]) finds the run decided or past its deadline, also when
@@ -37,9 +37,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::services::Services;
+use super::leases::claim_parked_lease;
 use super::{DriveMode, Engine};
-use crate::store::{Outcome, Write};
 
 /// How often the keeper looks for approvals decided by another process on the same
 /// store, and on a shared store for parked runs due anywhere (decisions made in
@@ -123,7 +122,7 @@ impl Engine {
         self.active.fetch_add(1, Ordering::SeqCst);
         let engine = self.clone();
         tokio::spawn(async move {
-            if !claim_parked_lease(&engine, &run_id, expected_epoch).await {
+            if !claim_parked_lease(&engine.store, engine.leases(), &run_id, expected_epoch).await {
                 engine.release_slot();
                 return;
             }
@@ -251,81 +250,6 @@ fn unpark_due_elsewhere(engine: &Arc<Engine>) {
         }
         for t in tokens {
             engine.unpark(&t);
-        }
-    }
-}
-
-/// On a shared store, parks the lease of `run_id` before the run parks on an
-/// approval: from now on no replica holds it. `false`: the lease is not this
-/// replica's any more, or the store did not take the write; the run then waits in
-/// its task, still leased. Always `true` with no leases (SQLite).
-pub(super) async fn park_lease(services: &Services, run_id: &str) -> bool {
-    let Some(book) = services.leases() else {
-        return true;
-    };
-    let Some(write) = book.park(run_id) else {
-        return false;
-    };
-    match services.store.commit(vec![write]).await {
-        Ok(outcomes) if outcomes.first() == Some(&Outcome::Done) => {
-            book.forget(run_id);
-            true
-        }
-        Ok(_) => false,
-        Err(e) => {
-            tracing::warn!(run_id = %run_id, error = %e, "Could not park the run's lease; it waits in its task.");
-            false
-        }
-    }
-}
-
-/// On a shared store, claims the parked lease of `run_id` (under the epoch after
-/// `expected_epoch`, or after the parked one read now), so this replica may drive
-/// it on. `false`: it is not parked any more (another replica claimed it first),
-/// or the store did not answer. Always `true` with no leases (SQLite).
-pub(super) async fn claim_parked_lease(
-    services: &Services,
-    run_id: &str,
-    expected_epoch: Option<u64>,
-) -> bool {
-    let Some(book) = services.leases() else {
-        return true;
-    };
-    let expected = match expected_epoch {
-        Some(e) => e,
-        None => match services.store.lease(run_id) {
-            Ok(Some(l)) if l.parked => l.epoch,
-            Ok(_) => return false,
-            Err(e) => {
-                tracing::warn!(run_id = %run_id, error = %e, "Could not read a parked run's lease; it is checked again later.");
-                return false;
-            }
-        },
-    };
-    let claim = Write::ClaimRun {
-        run_id: run_id.to_string(),
-        replica: book.replica().to_string(),
-        expected_epoch: expected,
-        lease_ms: book.lease_ms(),
-        holder_gone: false,
-    };
-    match services.store.commit(vec![claim]).await {
-        Ok(outcomes) => match outcomes.first() {
-            Some(Outcome::Claimed { epoch }) => {
-                book.hold(
-                    run_id,
-                    super::leases::Held {
-                        epoch: *epoch,
-                        adopted: None,
-                    },
-                );
-                true
-            }
-            _ => false,
-        },
-        Err(e) => {
-            tracing::warn!(run_id = %run_id, error = %e, "Could not claim a parked run; it is checked again later.");
-            false
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::super::park;
+use super::super::leases;
 use super::super::unit::CallFailure;
 use super::super::Services;
 use super::fail;
@@ -68,7 +68,7 @@ pub(super) async fn park(
     // is something to act on already (an unparked run comes back decided).
     if engine.leases().is_some() {
         let due = matches!(read(engine, w), Ok(Some(_))) || engine.now_ms() >= w.deadline_at;
-        if due || !park::park_lease(engine, call.run_id).await {
+        if due || !leases::park_lease(&engine.store, engine.leases(), call.run_id).await {
             return Ok(false);
         }
     }
@@ -83,13 +83,24 @@ pub(super) async fn park(
         Err(e) => {
             return match engine.claim_parked(&w.token) {
                 // Going on here needs the lease back; lost, another replica drives.
-                true if park::claim_parked_lease(engine, call.run_id, None).await => Err(e),
+                true if leases::claim_parked_lease(
+                    &engine.store,
+                    engine.leases(),
+                    call.run_id,
+                    None,
+                )
+                .await =>
+                {
+                    Err(e)
+                }
                 _ => Ok(true),
             };
         }
     };
     if act_now && engine.claim_parked(&w.token) {
-        return Ok(!park::claim_parked_lease(engine, call.run_id, None).await);
+        return Ok(
+            !leases::claim_parked_lease(&engine.store, engine.leases(), call.run_id, None).await,
+        );
     }
     Ok(true)
 }
