@@ -54,6 +54,21 @@ fn new_replica(store: &Store, known: &[String]) -> String {
     ids.into_iter().next().expect("one")
 }
 
+/// Starts replicas A and B, each ready, and returns them with their replica ids.
+async fn start_pair(
+    a_dir: &Scratch,
+    b_dir: &Scratch,
+    store: &Store,
+) -> (Service, String, Service, String) {
+    let a = Service::start(&a_dir.root).await;
+    a.wait_ready().await;
+    let a_id = new_replica(store, &[]);
+    let b = Service::start(&b_dir.root).await;
+    b.wait_ready().await;
+    let b_id = new_replica(store, std::slice::from_ref(&a_id));
+    (a, a_id, b, b_id)
+}
+
 /// The requests for each idempotency key.
 fn by_key(peer: &HoldingPeer) -> BTreeMap<String, Vec<Seen>> {
     peer.for_path("/step")
@@ -533,12 +548,7 @@ async fn a_replica_stopped_with_sigterm_hands_its_runs_over_at_a_step_boundary()
         std::fs::write(d.config_path(), slow).expect("config");
     }
     let store = a_dir.open_store();
-    let mut a = Service::start(&a_dir.root).await;
-    a.wait_ready().await;
-    let a_id = new_replica(&store, &[]);
-    let b = Service::start(&b_dir.root).await;
-    b.wait_ready().await;
-    let b_id = new_replica(&store, std::slice::from_ref(&a_id));
+    let (mut a, a_id, b, b_id) = start_pair(&a_dir, &b_dir, &store).await;
     let id = a.post_run("p", json!({})).await;
     peer.wait_for_path("/step", 1).await;
     // The step in flight finishes and is recorded; then A lets the run go.
@@ -878,12 +888,7 @@ async fn a_run_waiting_on_a_human_holds_no_lease_and_any_replica_acts_on_its_dec
     let _serial = SERIAL.lock().await;
     let (a_dir, b_dir) = two_replicas(&common::approvals::gate("p", "production", 8.0));
     let store = a_dir.open_store();
-    let mut a = Service::start(&a_dir.root).await;
-    a.wait_ready().await;
-    let a_id = new_replica(&store, &[]);
-    let b = Service::start(&b_dir.root).await;
-    b.wait_ready().await;
-    let b_id = new_replica(&store, std::slice::from_ref(&a_id));
+    let (mut a, a_id, b, b_id) = start_pair(&a_dir, &b_dir, &store).await;
 
     // Parked on A, decided on B: B claims the run and drives it on, while A,
     // alive, holds nothing and writes nothing more for it.

@@ -374,9 +374,10 @@ impl Engine {
                 }
             }
         }
-        self.unpark_run(run_id);
-        // Parked by another replica: driven on from here, where the cancel is known.
-        self.unpark_shared(run_id);
+        if !self.unpark_run(run_id) {
+            // Parked by another replica: driven on from here, where the cancel is known.
+            self.unpark_shared(run_id);
+        }
     }
 
     /// Waits until no run is being driven, or `grace` passes. Returns whether idle.

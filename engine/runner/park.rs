@@ -130,21 +130,18 @@ impl Engine {
         });
     }
 
-    /// On a shared store, drives on a run parked by any replica whose approval was
-    /// just decided here (or that was cancelled here), if nobody parked it in this
-    /// process; the claim decides who drives it.
+    /// On a shared store, drives on a run not parked in this process whose
+    /// approval was just decided here (or that was cancelled here): another
+    /// replica may have parked it; the claim decides who drives it.
     pub(crate) fn unpark_shared(self: &Arc<Self>, run_id: &str) {
-        if self.leases().is_none() || self.is_shutting_down() {
-            return;
-        }
-        let here = self.parking().by_token.values().any(|p| p.run_id == run_id);
-        if !here {
+        if self.leases().is_some() && !self.is_shutting_down() {
             self.drive_unparked(run_id.to_string(), None);
         }
     }
 
-    /// Unparks every run parked on one of the tokens of `run_id` (cancellation).
-    pub(crate) fn unpark_run(self: &Arc<Self>, run_id: &str) {
+    /// Unparks `run_id` wherever it is parked in this process (on any of its
+    /// tokens); `false` when it is parked on none here.
+    pub(crate) fn unpark_run(self: &Arc<Self>, run_id: &str) -> bool {
         let tokens: Vec<String> = self
             .parking()
             .by_token
@@ -152,9 +149,10 @@ impl Engine {
             .filter(|(_, p)| p.run_id == run_id)
             .map(|(t, _)| t.clone())
             .collect();
-        for t in tokens {
-            self.unpark(&t);
+        for t in &tokens {
+            self.unpark(t);
         }
+        !tokens.is_empty()
     }
 }
 
@@ -238,18 +236,8 @@ fn unpark_due_elsewhere(engine: &Arc<Engine>) {
         }
     };
     for (run_id, epoch) in due {
-        let tokens: Vec<String> = engine
-            .parking()
-            .by_token
-            .iter()
-            .filter(|(_, p)| p.run_id == run_id)
-            .map(|(t, _)| t.clone())
-            .collect();
-        if tokens.is_empty() {
+        if !engine.unpark_run(&run_id) {
             engine.drive_unparked(run_id, Some(epoch));
-        }
-        for t in tokens {
-            engine.unpark(&t);
         }
     }
 }

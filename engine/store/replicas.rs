@@ -336,19 +336,39 @@ pub(super) fn release(
     replica: &str,
     epoch: u64,
 ) -> Result<Outcome, DbError> {
-    let changed = db.exec(
-        "UPDATE pipeline_runs SET lease_released = 1 WHERE id = ?1 AND lease_owner = ?2 \
-         AND lease_epoch = ?3",
-        &[&run_id, &replica, &epoch],
-    )?;
-    if changed > 0 {
+    let changed = set_lease_state(db, run_id, replica, epoch, LEASE_RELEASED, "")?;
+    if changed {
         notify_work(db)?;
     }
-    Ok(if changed > 0 {
+    Ok(held_or_not(changed))
+}
+
+/// Sets `lease_released` to `state` if the lease is `(replica, epoch)` and
+/// matches `only_if` (an extra condition); whether it did.
+fn set_lease_state(
+    db: &impl Db,
+    run_id: &str,
+    replica: &str,
+    epoch: u64,
+    state: i64,
+    only_if: &str,
+) -> Result<bool, DbError> {
+    let changed = db.exec(
+        &format!(
+            "UPDATE pipeline_runs SET lease_released = {state} WHERE id = ?1 \
+             AND lease_owner = ?2 AND lease_epoch = ?3{only_if}"
+        ),
+        &[&run_id, &replica, &epoch],
+    )?;
+    Ok(changed > 0)
+}
+
+fn held_or_not(changed: bool) -> Outcome {
+    if changed {
         Outcome::Done
     } else {
         Outcome::NotHeld
-    })
+    }
 }
 
 /// On PostgreSQL, tells the other replicas (`LISTEN`ing on the work channel) that
@@ -372,16 +392,15 @@ pub(super) fn park(
     replica: &str,
     epoch: u64,
 ) -> Result<Outcome, DbError> {
-    let changed = db.exec(
-        "UPDATE pipeline_runs SET lease_released = 2 WHERE id = ?1 AND lease_owner = ?2 \
-         AND lease_epoch = ?3 AND lease_released = 0",
-        &[&run_id, &replica, &epoch],
+    let changed = set_lease_state(
+        db,
+        run_id,
+        replica,
+        epoch,
+        LEASE_PARKED,
+        " AND lease_released = 0",
     )?;
-    Ok(if changed > 0 {
-        Outcome::Done
-    } else {
-        Outcome::NotHeld
-    })
+    Ok(held_or_not(changed))
 }
 
 /// `Write::StopReplica`: records when the replica stopped (`Done` even for an
