@@ -62,6 +62,7 @@ pub mod runner;
 pub mod store;
 pub mod telegram;
 pub mod telemetry;
+pub mod ui;
 pub mod view;
 pub mod yaml;
 

@@ -51,6 +51,13 @@ fn slow() -> String {
 async fn start_authed(extra: &str, pipelines: &[(&str, String)]) -> Intake {
     let mut s = Intake::start("", extra, pipelines).await;
     s.bearer = Some(OPERATOR.into());
+    // Redirects are answers here (the UI sends a visitor without a session to
+    // the token form): seen, not followed.
+    s.http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
     s
 }
 
@@ -161,6 +168,19 @@ const EXPECTED: &[(&str, &str, RouteClass, &str)] = &[
         RouteClass::Operator,
         "/runs/no-such-run/cancel",
     ),
+    (
+        "GET",
+        "/runs/:id/events",
+        RouteClass::Operator,
+        "/runs/no-such-run/events",
+    ),
+    ("GET", "/pipelines", RouteClass::Operator, "/pipelines"),
+    (
+        "GET",
+        "/pipelines/:name",
+        RouteClass::Operator,
+        "/pipelines/slow",
+    ),
     ("GET", "/approvals", RouteClass::Operator, "/approvals"),
     ("GET", "/replicas", RouteClass::Operator, "/replicas"),
     (
@@ -178,6 +198,32 @@ const EXPECTED: &[(&str, &str, RouteClass, &str)] = &[
     ("GET", "/metrics", RouteClass::Metrics, "/metrics"),
     ("GET", "/healthz", RouteClass::Open, "/healthz"),
     ("GET", "/readyz", RouteClass::Open, "/readyz"),
+    ("GET", "/", RouteClass::Open, "/"),
+    ("GET", "/favicon.ico", RouteClass::Open, "/favicon.ico"),
+    (
+        "GET",
+        "/ui/static/:file",
+        RouteClass::Open,
+        "/ui/static/app.js",
+    ),
+    ("GET", "/ui", RouteClass::Ui, "/ui"),
+    (
+        "GET",
+        "/ui/runs/:id",
+        RouteClass::Ui,
+        "/ui/runs/no-such-run",
+    ),
+    ("GET", "/ui/pipelines", RouteClass::Ui, "/ui/pipelines"),
+    (
+        "GET",
+        "/ui/pipelines/:name",
+        RouteClass::Ui,
+        "/ui/pipelines/slow",
+    ),
+    ("GET", "/ui/approvals", RouteClass::Ui, "/ui/approvals"),
+    ("POST", "/ui/logout", RouteClass::Ui, "/ui/logout"),
+    ("GET", "/ui/login", RouteClass::UiLogin, "/ui/login"),
+    ("POST", "/ui/login", RouteClass::UiLogin, "/ui/login"),
 ];
 
 #[tokio::test]
@@ -213,8 +259,34 @@ async fn every_route_has_a_class_and_is_enforced() {
         let what = format!("{method} {pattern} ({class:?})");
         match class {
             RouteClass::Open | RouteClass::Metrics => {
+                // `/` sends everyone on to the UI, which decides.
+                let expected = if *path == "/" { 303 } else { 200 };
                 for a in [&none, &team, &scraper, &operator, &wrong] {
+                    assert_eq!(a.status, expected, "{what}: {a:?}");
+                }
+            }
+            RouteClass::Ui => {
+                // Without a credential, or with one that matches nothing: to the
+                // token form, which brings the visitor back.
+                for a in [&none, &wrong] {
+                    assert_eq!(a.status, 303, "{what}: {a:?}");
+                }
+                team.assert_error(403);
+                scraper.assert_error(403);
+                assert!(
+                    ![401, 403].contains(&operator.status),
+                    "{what}: {operator:?}"
+                );
+            }
+            RouteClass::UiLogin if *method == "GET" => {
+                for a in [&none, &team, &operator] {
                     assert_eq!(a.status, 200, "{what}: {a:?}");
+                }
+            }
+            RouteClass::UiLogin => {
+                // The token form's POST needs its CSRF token, whatever else is sent.
+                for a in [&none, &team, &operator] {
+                    assert_eq!(a.status, 403, "{what}: {a:?}");
                 }
             }
             RouteClass::Trigger => {

@@ -52,7 +52,7 @@ pub(super) fn escape(s: &str) -> String {
 /// The CSRF token the page's form carries: a keyed hash of the approval token
 /// under the server's page key (kept in the store, so a restart between showing
 /// the page and pressing a button does not expire the form).
-async fn csrf_token(state: &AppState, approval_token: &str) -> Result<String, ApiError> {
+pub(super) async fn csrf_token(state: &AppState, approval_token: &str) -> Result<String, ApiError> {
     let key = state.page_key().await?;
     Ok(
         blake3::keyed_hash(&key, format!("approval-form:{approval_token}").as_bytes())
@@ -65,7 +65,7 @@ async fn csrf_token(state: &AppState, approval_token: &str) -> Result<String, Ap
 fn page_html(status: StatusCode, title: &str, body: &str) -> Response {
     let html = format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\">\
-         <title>{t}</title><style>body{{font-family:sans-serif;max-width:44em;margin:2em auto;padding:0 1em}}\
+         <title>{t}</title><link rel=\"icon\" href=\"/favicon.ico\" type=\"image/svg+xml\"><style>body{{font-family:sans-serif;max-width:44em;margin:2em auto;padding:0 1em}}\
          .msg{{white-space:pre-wrap;border-left:3px solid #888;padding:.5em 1em;background:#f6f6f6}}\
          dt{{font-weight:bold}}button{{font-size:1.1em;margin-right:.5em}}</style></head>\
          <body><h1>{t}</h1>{body}</body></html>",
@@ -80,7 +80,7 @@ fn page_html(status: StatusCode, title: &str, body: &str) -> Response {
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
     h.insert(
         "content-security-policy",
-        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"),
+        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; frame-ancestors 'none'"),
     );
     r
 }
@@ -102,7 +102,11 @@ fn time_left(now_ms: i64, deadline_ms: i64) -> String {
 
 /// `GET /approvals/{token}`: the request, the time left and, while it is
 /// pending, the form (or, when only listed approvers may decide, where to).
-pub async fn page(State(state): State<Arc<AppState>>, Path(token): Path<String>) -> Response {
+pub async fn page(
+    State(state): State<Arc<AppState>>,
+    Extension(who): Extension<Principal>,
+    Path(token): Path<String>,
+) -> Response {
     let a = match state.engine.store.approval(&token) {
         Ok(Some(a)) => a,
         Ok(None) => return unknown_page(),
@@ -119,6 +123,14 @@ pub async fn page(State(state): State<Arc<AppState>>, Path(token): Path<String>)
         s = escape(&a.step_path),
         m = a.message,
     );
+    if let Some(op) = who.operator() {
+        // The link is posted to chats; only an operator is shown the way to the run.
+        body.push_str(&format!(
+            "<p>Signed in as {} · <a href=\"/ui/runs/{}\">open the run</a></p>",
+            escape(op),
+            crate::ui::path_segment(&a.run_id)
+        ));
+    }
     if a.status != ApprovalStatus::Pending {
         body.push_str(&format!(
             "<p>Decided: <b>{}</b> by {}.</p>",
@@ -132,7 +144,7 @@ pub async fn page(State(state): State<Arc<AppState>>, Path(token): Path<String>)
         crate::clock::rfc3339(a.deadline_at),
         time_left(now, a.deadline_at)
     ));
-    if !state.engine.config.human_approval.approvers.is_empty() {
+    if !state.engine.config.human_approval.approvers.is_empty() && who.operator().is_none() {
         body.push_str(
             "<p>Only the listed approvers may decide this request: use the buttons in Telegram, \
              or as an operator <code>vectorstep approvals approve TOKEN</code> / \
@@ -147,10 +159,16 @@ pub async fn page(State(state): State<Arc<AppState>>, Path(token): Path<String>)
     body.push_str(&format!(
         "<form method=\"post\" action=\"/approvals/{t}\">\
          <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-         <p><label>Your name <input name=\"by\" required maxlength=\"100\" autocomplete=\"name\"></label></p>\
+         {name}\
          <p><button name=\"decision\" value=\"approve\">Approve</button>\
          <button name=\"decision\" value=\"reject\">Reject</button></p></form>",
         t = escape(&a.token),
+        // A signed-in operator decides under their own name.
+        name = if who.operator().is_some() {
+            ""
+        } else {
+            "<p><label>Your name <input name=\"by\" required maxlength=\"100\" autocomplete=\"name\"></label></p>"
+        },
     ));
     page_html(StatusCode::OK, "Approval requested", &body)
 }
@@ -169,6 +187,8 @@ struct Request {
     /// The name in the body or form (never trusted when an operator credential is given).
     by: Option<String>,
     from_page: bool,
+    /// Where a UI form goes back to after deciding (a `/ui` path only).
+    return_to: Option<String>,
 }
 
 /// `POST /approvals/{token}`: the page's form (its CSRF token and the link are the
@@ -186,7 +206,7 @@ pub async fn decide(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let req = if content_type.starts_with("application/x-www-form-urlencoded") {
-        let pairs = url_decode_pairs(&String::from_utf8_lossy(&body));
+        let pairs = super::forms::pairs(&String::from_utf8_lossy(&body));
         let get = |k: &str| {
             pairs
                 .iter()
@@ -215,6 +235,9 @@ pub async fn decide(
                 .map(|b| b.trim().chars().take(100).collect::<String>())
                 .filter(|b| !b.is_empty()),
             from_page: get("decision").is_some_and(|d| d == "approve" || d == "reject"),
+            return_to: get("return_to")
+                .filter(|r| !r.is_empty())
+                .map(|r| super::session::safe_next(Some(&r))),
         }
     } else {
         if !content_type.starts_with("application/json") {
@@ -253,6 +276,7 @@ pub async fn decide(
             approve: decision == "approve",
             by: v.get("by").and_then(Value::as_str).map(str::to_string),
             from_page: false,
+            return_to: None,
         }
     };
     let is_form = content_type.starts_with("application/x-www-form-urlencoded");
@@ -264,6 +288,7 @@ pub async fn decide(
         ));
     }
     let approve = req.approve;
+    let return_to = req.return_to.clone();
     // An operator credential names the decider; a `by` in the request is ignored.
     let decider = match who.operator() {
         Some(op) => Decider {
@@ -298,6 +323,15 @@ pub async fn decide(
     } else {
         ApprovalStatus::Rejected
     };
+    if let (true, Some(back), Outcome::ApprovalDecided | Outcome::ApprovalAlreadyDecided { .. }) =
+        (is_form, &return_to, &outcome)
+    {
+        let mut r = StatusCode::SEE_OTHER.into_response();
+        if let Ok(v) = HeaderValue::from_str(back) {
+            r.headers_mut().insert("location", v);
+        }
+        return Ok(r);
+    }
     if is_form {
         return Ok(match outcome {
             Outcome::ApprovalDecided => page_html(
@@ -331,36 +365,4 @@ pub async fn decide(
             "unknown approval token",
         )),
     }
-}
-
-fn url_decode_pairs(s: &str) -> Vec<(String, String)> {
-    s.split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(k, v)| (decode(k), decode(v)))
-        .collect()
-}
-
-fn decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h * 16 + l);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(b: u8) -> Option<u8> {
-    (b as char).to_digit(16).map(|d| d as u8)
 }

@@ -14,11 +14,16 @@ use serde_json::{json, Value};
 use crate::runner::Engine;
 
 mod approvals;
+mod events;
+mod forms;
 mod intake;
+mod pipelines;
 pub mod policy;
 mod replicas;
 mod runs;
 pub mod server;
+pub mod session;
+mod ui;
 
 pub use policy::{Principal, RouteClass};
 
@@ -34,6 +39,8 @@ pub struct AppState {
     /// Signs the approval page's form (its CSRF token); loaded from, or first
     /// written to, the store.
     page_key: tokio::sync::OnceCell<[u8; 32]>,
+    /// The runs list's counts by status, refreshed at most every few seconds.
+    counts: ui::CountsCache,
 }
 
 impl AppState {
@@ -47,11 +54,13 @@ impl AppState {
             accepting: AtomicBool::new(true),
             metrics,
             page_key: tokio::sync::OnceCell::new(),
+            counts: ui::CountsCache::default(),
         })
     }
 
-    /// The key behind the approval page's CSRF tokens: 32 random bytes kept in the
-    /// store (`kv`), so tokens survive a restart.
+    /// The key behind the approval page's CSRF tokens and, derived from it, the
+    /// UI's session cookies and form tokens: 32 random bytes kept in the store
+    /// (`kv`), so they survive a restart and every replica shares them.
     pub async fn page_key(&self) -> Result<[u8; 32], ApiError> {
         const KEY: &str = "http.page_key";
         let store = &self.engine.store;
@@ -169,6 +178,9 @@ pub fn routes() -> Vec<Route> {
         route("GET", "/runs", Operator, get(runs::list)),
         route("GET", "/runs/:id", Operator, get(runs::show)),
         route("POST", "/runs/:id/cancel", Operator, post(runs::cancel)),
+        route("GET", "/runs/:id/events", Operator, get(events::stream)),
+        route("GET", "/pipelines", Operator, get(pipelines::list)),
+        route("GET", "/pipelines/:name", Operator, get(pipelines::show)),
         route("GET", "/approvals", Operator, get(approvals::list)),
         route("GET", "/replicas", Operator, get(replicas::list)),
         route(
@@ -191,6 +203,17 @@ pub fn routes() -> Vec<Route> {
             get(|| async { (StatusCode::OK, "ok") }),
         ),
         route("GET", "/readyz", Open, get(readyz)),
+        route("GET", "/", Open, get(ui::root)),
+        route("GET", "/favicon.ico", Open, get(ui::favicon)),
+        route("GET", "/ui/static/:file", Open, get(ui::asset)),
+        route("GET", "/ui", Ui, get(ui::runs)),
+        route("GET", "/ui/runs/:id", Ui, get(ui::run)),
+        route("GET", "/ui/pipelines", Ui, get(ui::pipelines)),
+        route("GET", "/ui/pipelines/:name", Ui, get(ui::pipeline)),
+        route("GET", "/ui/approvals", Ui, get(ui::approvals)),
+        route("GET", "/ui/login", UiLogin, get(ui::login_form)),
+        route("POST", "/ui/login", UiLogin, post(ui::login)),
+        route("POST", "/ui/logout", Ui, post(ui::logout)),
     ]
 }
 

@@ -68,11 +68,19 @@ pub async fn cancel(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
     axum::Extension(who): axum::Extension<super::Principal>,
+    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    // The UI's button sends a form and is answered with the run's page.
+    let from_form = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/x-www-form-urlencoded"));
     // An operator credential names who cancelled; without auth the body's `by`.
     let by = match who.operator() {
         Some(op) => Some(op.to_string()),
+        None if from_form => super::forms::field(&body, "by").filter(|b| !b.trim().is_empty()),
         None => serde_json::from_slice::<Value>(&body)
             .ok()
             .and_then(|v| v.get("by").and_then(Value::as_str).map(str::to_string)),
@@ -80,7 +88,11 @@ pub async fn cancel(
     let Some(run) = state.engine.store.run(&id)? else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "run not found"));
     };
+    let page = format!("/ui/runs/{}", crate::ui::path_segment(&id));
     if run.status != RunStatus::Running {
+        if from_form {
+            return Ok(see_other(&page));
+        }
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("run is already {}", run.status),
@@ -102,7 +114,20 @@ pub async fn cancel(
         tracing::info!(run_id = %id, owner = owner.as_deref().unwrap_or(""), "Cancel request stored for the process that drives the run.");
     }
     state.engine.cancel_by(&id, by.as_deref());
+    if from_form {
+        return Ok(see_other(&page));
+    }
     Ok(Json(
         json!({"status": "cancelling", "run_id": id, "by": by, "detail": "the run stops at its next step boundary"}),
-    ))
+    )
+    .into_response())
+}
+
+fn see_other(location: &str) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    if let Ok(v) = axum::http::HeaderValue::from_str(location) {
+        r.headers_mut().insert("location", v);
+    }
+    r
 }

@@ -22,7 +22,7 @@ pub struct EventRecord {
 const TABLE: &str = "run_events";
 
 impl EventRecord {
-    fn decode(c: &Cols) -> Result<Self, Error> {
+    pub(super) fn decode(c: &Cols) -> Result<Self, Error> {
         Ok(EventRecord {
             id: c.get("id")?,
             run_id: c.get("run_id")?,

@@ -67,6 +67,7 @@
 //! store into another (`vectorstep store copy`).
 
 mod approvals;
+mod browse;
 mod connection;
 mod copy;
 mod error;
@@ -93,6 +94,7 @@ use std::sync::Arc;
 use rusqlite::Connection;
 
 pub use approvals::ApprovalRecord;
+pub use browse::{RunCursor, RunQuery};
 pub use connection::{raw_commit_probe, MIN_FREE_BYTES, WAL_BOUND_BYTES};
 pub use copy::{copy_all, CopyError, CopyReport, CopyTable, StoreLocation, TableCopied};
 pub use error::DbError;

@@ -1,0 +1,163 @@
+//! `GET /runs/{id}/events`: the run log as Server-Sent Events (SPEC 2, 12).
+//!
+//! Every event carries its `run_events` id as `id:`, so a client that reconnects
+//! with `Last-Event-ID` (or asks `?after=ID`) gets exactly what it missed. The
+//! stream reads the store, not the engine's memory: it follows a run whichever
+//! process or replica drives it. It reads again when this process committed
+//! something (a counter of the store's transactions, checked every
+//! [`TICK`]), and at least every [`FOREIGN_POLL`] for writers it cannot see.
+//! When the run is no longer `running` and its log is read to the end, an
+//! `end` event closes the stream.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::stream::{self, Stream, StreamExt};
+
+use super::{ApiError, AppState};
+use crate::domain::RunStatus;
+
+const TICK: Duration = Duration::from_millis(200);
+const FOREIGN_POLL: Duration = Duration::from_secs(1);
+/// Events read at once; a long log arrives in several reads.
+const BATCH: u32 = 500;
+
+/// Where a (re)connecting client resumes: `Last-Event-ID` wins over `?after=`.
+pub fn resume_after(headers: &HeaderMap, query: &HashMap<String, String>) -> i64 {
+    headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .or_else(|| query.get("after").and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0)
+        .max(0)
+}
+
+struct Follow {
+    state: Arc<AppState>,
+    run_id: String,
+    after: i64,
+    seen_commits: u64,
+    last_read: Option<Instant>,
+    done: bool,
+}
+
+impl Follow {
+    fn commits(&self) -> u64 {
+        self.state.engine.store.stats().transactions_committed
+    }
+
+    /// Waits until there may be something new, then reads it. `None` ends the
+    /// stream.
+    async fn next_batch(&mut self) -> Option<Vec<SseEvent>> {
+        loop {
+            if self.done || !self.state.accepting.load(Ordering::SeqCst) {
+                return None;
+            }
+            let due = self.last_read.is_none_or(|t| t.elapsed() >= FOREIGN_POLL);
+            let commits = self.commits();
+            if !due && commits == self.seen_commits {
+                tokio::time::sleep(TICK).await;
+                continue;
+            }
+            self.seen_commits = commits;
+            self.last_read = Some(Instant::now());
+            let store = self.state.engine.store.clone();
+            let (id, after) = (self.run_id.clone(), self.after);
+            let read = tokio::task::spawn_blocking(move || {
+                let events = store.events_after(&id, after, BATCH)?;
+                // Read after the events: a run that finished has its last
+                // events committed with its status, so nothing can follow.
+                let status = store.run(&id)?.map(|r| r.status);
+                Ok::<_, crate::store::Error>((events, status))
+            })
+            .await;
+            let (events, status) = match read {
+                Ok(Ok(r)) => r,
+                Ok(Err(e)) => {
+                    tracing::warn!(run_id = %self.run_id, error = %e, "The events stream could not read the store; retrying.");
+                    tokio::time::sleep(FOREIGN_POLL).await;
+                    continue;
+                }
+                Err(_) => return None,
+            };
+            if let Some(last) = events.last() {
+                self.after = last.id;
+                let out = events
+                    .iter()
+                    .map(|e| {
+                        let mut v = crate::view::log_entry(e);
+                        v["id"] = e.id.into();
+                        SseEvent::default().id(e.id.to_string()).data(v.to_string())
+                    })
+                    .collect();
+                return Some(out);
+            }
+            if status != Some(RunStatus::Running) {
+                self.done = true;
+                return Some(vec![SseEvent::default().event("end").data(
+                    serde_json::json!({"status": status.map(|s| s.as_str())}).to_string(),
+                )]);
+            }
+            tokio::time::sleep(TICK).await;
+        }
+    }
+}
+
+pub async fn stream(
+    State(state): State<Arc<AppState>>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    if state.engine.store.run(&id)?.is_none() {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "run not found"));
+    }
+    let follow = Follow {
+        seen_commits: 0,
+        after: resume_after(&headers, &q),
+        state,
+        run_id: id,
+        last_read: None,
+        done: false,
+    };
+    Ok(Sse::new(events(follow))
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+fn events(follow: Follow) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    stream::unfold(follow, |mut f| async move {
+        let batch = f.next_batch().await?;
+        Some((stream::iter(batch.into_iter().map(Ok)), f))
+    })
+    .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_event_id_wins_over_the_query() {
+        let mut h = HeaderMap::new();
+        let mut q = HashMap::new();
+        assert_eq!(resume_after(&h, &q), 0);
+        q.insert("after".to_string(), "7".to_string());
+        assert_eq!(resume_after(&h, &q), 7);
+        h.insert("last-event-id", "12".parse().expect("header"));
+        assert_eq!(resume_after(&h, &q), 12);
+        h.insert("last-event-id", "junk".parse().expect("header"));
+        assert_eq!(resume_after(&h, &q), 7);
+        q.insert("after".to_string(), "-5".to_string());
+        h.remove("last-event-id");
+        assert_eq!(resume_after(&h, &q), 0);
+    }
+}
