@@ -62,7 +62,10 @@ pub enum Body {
     Json,
     /// `application/x-www-form-urlencoded`: what an HTML form sends.
     Form,
-    /// Anything else, or nothing.
+    /// No content type and no sign of a browser (every browser sends `Origin`,
+    /// or `Sec-Fetch-Site`, with a POST): `curl -X POST`, a script.
+    Bare,
+    /// Anything else: text, multipart, or no content type from a browser.
     Other,
 }
 
@@ -84,7 +87,7 @@ pub fn csrf_needed(class: RouteClass, post: bool, bearer: bool, cookie: bool, bo
     match class {
         RouteClass::Open | RouteClass::Metrics | RouteClass::Trigger => false,
         RouteClass::ApprovalLink => cookie && body != Body::Form,
-        RouteClass::Operator => cookie || body != Body::Json,
+        RouteClass::Operator => cookie || !matches!(body, Body::Json | Body::Bare),
         RouteClass::Ui | RouteClass::UiLogin => true,
     }
 }
@@ -368,6 +371,11 @@ fn body_kind(headers: &HeaderMap) -> Body {
         Body::Json
     } else if ct.starts_with("application/x-www-form-urlencoded") {
         Body::Form
+    } else if ct.is_empty()
+        && !headers.contains_key("origin")
+        && !headers.contains_key("sec-fetch-site")
+    {
+        Body::Bare
     } else {
         Body::Other
     }
@@ -667,6 +675,9 @@ mod tests {
             (Operator, true, false, false, Json, false), // JSON without a cookie: a script, not a page
             (Operator, true, false, false, Form, true),  // a cross-site form with auth off
             (Operator, true, false, false, Other, true),
+            (Operator, true, false, false, Bare, false), // `curl -X POST`
+            (Operator, true, false, true, Bare, true),
+            (Ui, true, false, false, Bare, true),
             (Ui, true, true, false, Form, false),
             (Ui, true, false, false, Json, true),
             (UiLogin, true, true, false, Form, true), // signing in: always
