@@ -989,3 +989,44 @@ fn event_by(run: &Value, name: &str) -> String {
     assert_eq!(found.len(), 1, "one {name}: {run}");
     found[0]["by"].as_str().unwrap_or_default().to_string()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_events_stream_of_one_replica_follows_a_run_another_drives() {
+    let _serial = SERIAL.lock().await;
+    let peer = HoldingPeer::start(|_| {
+        Answer::Reply(Reply::output(1.0, "ok").delayed(Duration::from_millis(300)))
+    })
+    .await;
+    let (a_dir, b_dir) = two_replicas(&pipeline(&peer.url(), 4));
+    let a = Service::start(&a_dir.root).await;
+    a.wait_ready().await;
+    let b = Service::start(&b_dir.root).await;
+    b.wait_ready().await;
+    let id = a.post_run("p", json!({})).await;
+    // B streams the log of A's run while A drives it, and ends when it ends.
+    let mut resp = reqwest::Client::new()
+        .get(b.url(&format!("/runs/{id}/events")))
+        .bearer_auth(b.bearer.clone().unwrap_or_default())
+        .send()
+        .await
+        .expect("GET /runs/{id}/events");
+    assert_eq!(resp.status(), 200);
+    let mut body = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !body.contains("event: end") {
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+            .await
+            .expect("the stream ends with the run")
+            .expect("chunk");
+        let Some(chunk) = chunk else { break };
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(body.contains("event: end"), "{body}");
+    let done = a.wait_terminal(&id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let streamed = body.matches("\nid: ").count() + usize::from(body.starts_with("id: "));
+    let logged = done["logs"].as_array().map_or(0, Vec::len);
+    assert_eq!(streamed, logged, "every log entry once: {body}");
+    assert!(body.contains("\"step_completed\""), "{body}");
+    drop(b);
+}
