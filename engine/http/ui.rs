@@ -290,6 +290,7 @@ pub async fn run(
         },
     );
     ctx["return_to"] = Value::from(format!("/ui/runs/{}", crate::ui::path_segment(&run.id)));
+    ctx["approvers_only"] = approvers_only(&state);
     Ok(rendered("run.html", &ctx))
 }
 
@@ -375,6 +376,11 @@ pub async fn pipeline(
     ))
 }
 
+/// Whether only listed approvers (or a signed-in operator) may decide.
+fn approvers_only(state: &AppState) -> Value {
+    Value::from(!state.engine.config.human_approval.approvers.is_empty())
+}
+
 /// `GET /ui/approvals`.
 pub async fn approvals(
     State(state): State<Arc<AppState>>,
@@ -390,6 +396,7 @@ pub async fn approvals(
     let frame = frame(&state, &who, s.as_deref()).await?;
     let mut ctx = views::approvals_page(&frame, list);
     ctx["return_to"] = Value::from("/ui/approvals");
+    ctx["approvers_only"] = approvers_only(&state);
     Ok(rendered("approvals.html", &ctx))
 }
 

@@ -120,6 +120,9 @@ const BOX_H: f64 = 46.0;
 const GAP: f64 = 20.0;
 const ROW: f64 = 96.0;
 const PAD: f64 = 14.0;
+const MIN_WIDTH: f64 = 560.0;
+/// The longest `over` template shown above a fan-out's frame.
+const OVER_CHARS: usize = 60;
 
 pub fn draw(entries: &[GraphEntry]) -> Drawing {
     let widest = entries
@@ -128,7 +131,8 @@ pub fn draw(entries: &[GraphEntry]) -> Drawing {
         .max()
         .unwrap_or(1)
         .max(1) as f64;
-    let width = widest * (BOX_W + GAP) + GAP + 2.0 * PAD;
+    // Wide enough for a group's label above its frame.
+    let width = (widest * (BOX_W + GAP) + GAP + 2.0 * PAD).max(MIN_WIDTH);
     let mut nodes = Vec::new();
     let mut frames = Vec::new();
     let mut edges = Vec::new();
@@ -141,7 +145,12 @@ pub fn draw(entries: &[GraphEntry]) -> Drawing {
         if e.kind != "step" {
             frames.push(Frame {
                 label: match &e.over {
-                    Some(over) => format!("{} (for each of {})", e.name, over.trim()),
+                    Some(over) => {
+                        let over = over.trim();
+                        let shown: String = over.chars().take(OVER_CHARS).collect();
+                        let more = if over.chars().count() > OVER_CHARS { "…" } else { "" };
+                        format!("{} (for each of {shown}{more})", e.name)
+                    }
                     None => format!("{} (parallel)", e.name),
                 },
                 kind: e.kind,
