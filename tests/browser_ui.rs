@@ -75,7 +75,11 @@ async fn webhook_run(s: &Intake, pipeline: &str, labels: Value) -> String {
 /// Signs in through the token form (asserting that the page asked first).
 async fn sign_in(page: &Page, s: &Intake) {
     page.goto(&s.url("/ui")).await;
-    assert!(page.url().await.contains("/ui/login?next="), "{}", page.url().await);
+    assert!(
+        page.url().await.contains("/ui/login?next="),
+        "{}",
+        page.url().await
+    );
     page.fill("input[name=token]", OPERATOR).await;
     page.click_and_wait_navigation("form.login button").await;
     assert!(page.url().await.ends_with("/ui"), "{}", page.url().await);
@@ -93,7 +97,14 @@ async fn rows(page: &Page) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runs_list_shows_webhook_runs_filters_them_and_keeps_labels_as_text() {
     let s = start(&[
-        ("checks", pipeline_of("checks", "{}", &[mock("triage", 0, ""), mock("notify", 0, "")])),
+        (
+            "checks",
+            pipeline_of(
+                "checks",
+                "{}",
+                &[mock("triage", 0, ""), mock("notify", 0, "")],
+            ),
+        ),
         ("other", pipeline_of("other", "{}", &[mock("only", 0, "")])),
     ])
     .await;
@@ -101,7 +112,13 @@ async fn the_runs_list_shows_webhook_runs_filters_them_and_keeps_labels_as_text(
     let page = browser.page().await;
 
     // Without the cookie every page goes to the token form.
-    for path in ["/ui", "/ui/runs/no-such-run", "/ui/pipelines", "/ui/pipelines/checks", "/ui/approvals"] {
+    for path in [
+        "/ui",
+        "/ui/runs/no-such-run",
+        "/ui/pipelines",
+        "/ui/pipelines/checks",
+        "/ui/approvals",
+    ] {
         page.goto(&s.url(path)).await;
         let url = page.url().await;
         assert!(url.contains("/ui/login?next="), "{path}: {url}");
@@ -113,7 +130,13 @@ async fn the_runs_list_shows_webhook_runs_filters_them_and_keeps_labels_as_text(
 
     let hostile = "<script>window.__pwned = 1</script>";
     let mut ids = Vec::new();
-    for (p, service) in [("checks", "api"), ("checks", "db"), ("checks", hostile), ("other", "web"), ("other", "cache")] {
+    for (p, service) in [
+        ("checks", "api"),
+        ("checks", "db"),
+        ("checks", hostile),
+        ("other", "web"),
+        ("other", "cache"),
+    ] {
         ids.push(webhook_run(&s, p, json!({"service": service, "severity": "critical"})).await);
     }
     for id in &ids {
@@ -133,7 +156,8 @@ async fn the_runs_list_shows_webhook_runs_filters_them_and_keeps_labels_as_text(
     page.assert_clean().await;
 
     // Filter by pipeline, then search by a label value.
-    page.eval("document.querySelector('select[name=pipeline]').value = 'other'").await;
+    page.eval("document.querySelector('select[name=pipeline]').value = 'other'")
+        .await;
     page.click_and_wait_navigation("form.filters button").await;
     assert_eq!(rows(&page).await, 2);
     let pipelines = page
@@ -142,7 +166,8 @@ async fn the_runs_list_shows_webhook_runs_filters_them_and_keeps_labels_as_text(
     assert_eq!(pipelines, json!(["other", "other"]));
     page.goto(&s.url("/ui?q=db")).await;
     assert_eq!(rows(&page).await, 1);
-    page.wait_for(&format!("tr.run[data-run=\"{}\"]", ids[1])).await;
+    page.wait_for(&format!("tr.run[data-run=\"{}\"]", ids[1]))
+        .await;
     page.assert_clean().await;
 
     // A run started while the list is open appears without a reload.
@@ -164,7 +189,10 @@ async fn the_runs_list_shows_webhook_runs_filters_them_and_keeps_labels_as_text(
     let run_page = browser.page().await;
     run_page.goto(&s.url(&format!("/ui/runs/{}", ids[2]))).await;
     assert!(run_page.text("#run-header").await.contains(hostile));
-    assert_eq!(run_page.eval("window.__pwned === undefined").await, json!(true));
+    assert_eq!(
+        run_page.eval("window.__pwned === undefined").await,
+        json!(true)
+    );
     run_page.assert_clean().await;
 }
 
@@ -201,12 +229,16 @@ async fn a_run_page_follows_its_run_live_and_names_fan_out_items() {
     page.wait_for_text("#log", "run_finished").await;
     assert_eq!(page.eval("window.__no_reload === true").await, json!(true));
     for label in ["api", "db", "cache-7"] {
-        page.wait_for(&format!("#timeline g.row[data-label=\"{label}\"]")).await;
+        page.wait_for(&format!("#timeline g.row[data-label=\"{label}\"]"))
+            .await;
     }
     let paths = page
         .eval("[...document.querySelectorAll('#timeline g.row.kind-fan_out_branch')].map(g => g.getAttribute('data-path'))")
         .await;
-    assert_eq!(paths, json!(["per-service/0", "per-service/1", "per-service/2"]));
+    assert_eq!(
+        paths,
+        json!(["per-service/0", "per-service/1", "per-service/2"])
+    );
     page.screenshot(&shot("run")).await;
     page.assert_clean().await;
     assert_eq!(peer.count_path("/slow"), 1);
@@ -217,7 +249,15 @@ async fn approving_from_the_approvals_page_completes_the_run() {
     let gate = "  - name: approve-restart\n    executor: human\n    timeout_seconds: 600\n    prompt_template: \"<b>Restart {{ labels.service }}?</b>\"\n";
     let s = start(&[(
         "gated",
-        pipeline_of("gated", "{}", &[mock("triage", 0, ""), gate.to_string(), mock("restart", 0, "")]),
+        pipeline_of(
+            "gated",
+            "{}",
+            &[
+                mock("triage", 0, ""),
+                gate.to_string(),
+                mock("restart", 0, ""),
+            ],
+        ),
     )])
     .await;
     let browser = Browser::launch().await;
@@ -225,16 +265,23 @@ async fn approving_from_the_approvals_page_completes_the_run() {
     sign_in(&page, &s).await;
     let id = webhook_run(&s, "gated", json!({"service": "<i>checkout</i>"})).await;
     s.wait_run(&id, "waiting on the human step", |r| {
-        r["steps"].as_array().is_some_and(|st| st.iter().any(|x| x["status"] == "waiting"))
+        r["steps"]
+            .as_array()
+            .is_some_and(|st| st.iter().any(|x| x["status"] == "waiting"))
     })
     .await;
     page.goto(&s.url("/ui/approvals")).await;
-    page.wait_for("section.approval form.decide button.approve").await;
+    page.wait_for("section.approval form.decide button.approve")
+        .await;
     let msg = page.text("section.approval .msg").await;
-    assert!(msg.contains("Restart <i>checkout</i>?"), "the label is text: {msg}");
+    assert!(
+        msg.contains("Restart <i>checkout</i>?"),
+        "the label is text: {msg}"
+    );
     page.screenshot(&shot("approvals")).await;
     page.assert_clean().await;
-    page.click_and_wait_navigation("section.approval button.approve").await;
+    page.click_and_wait_navigation("section.approval button.approve")
+        .await;
     assert!(page.url().await.ends_with("/ui/approvals"));
     let done = s.wait_terminal(&id).await;
     assert_eq!(done["status"], "completed", "{done:#}");
@@ -261,7 +308,14 @@ async fn cancel_and_replay_from_a_step_work_from_the_run_page() {
     let s = start(&[
         ("three", pipeline_of("three", "{}", &three)),
         ("flow", pipeline_of("flow", "{}", &flow)),
-        ("slow", pipeline_of("slow", "{}", &[mock("wait", 4000, ""), mock("after", 0, "")])),
+        (
+            "slow",
+            pipeline_of(
+                "slow",
+                "{}",
+                &[mock("wait", 4000, ""), mock("after", 0, "")],
+            ),
+        ),
     ])
     .await;
     let browser = Browser::launch().await;
@@ -282,28 +336,41 @@ async fn cancel_and_replay_from_a_step_work_from_the_run_page() {
     let first = webhook_run(&s, "three", json!({"service": "api"})).await;
     s.wait_terminal(&first).await;
     assert_eq!(
-        (peer.count_path("/fetch"), peer.count_path("/analyse"), peer.count_path("/report")),
+        (
+            peer.count_path("/fetch"),
+            peer.count_path("/analyse"),
+            peer.count_path("/report")
+        ),
         (1, 1, 1)
     );
     page.goto(&s.url(&format!("/ui/runs/{first}"))).await;
-    page.eval("document.querySelector('form.replay select[name=from_step]').value = 'analyse'").await;
+    page.eval("document.querySelector('form.replay select[name=from_step]').value = 'analyse'")
+        .await;
     page.click_and_wait_navigation("form.replay button").await;
     let url = page.url().await;
     let replay = url.rsplit('/').next().unwrap_or_default().to_string();
-    assert!(replay.len() > 8 && replay != first, "on the new run's page: {url}");
+    assert!(
+        replay.len() > 8 && replay != first,
+        "on the new run's page: {url}"
+    );
     page.wait_for_text("#run-status", "completed").await;
     page.wait_for_text("#run-header", &first).await;
     let done = s.wait_terminal(&replay).await;
     assert_eq!(done["replay_of"], first.as_str(), "{done:#}");
     assert_eq!(
-        (peer.count_path("/fetch"), peer.count_path("/analyse"), peer.count_path("/report")),
+        (
+            peer.count_path("/fetch"),
+            peer.count_path("/analyse"),
+            peer.count_path("/report")
+        ),
         (1, 2, 2),
         "the copied step was not executed again"
     );
     page.assert_clean().await;
     // The old run's page links to its replay.
     page.goto(&s.url(&format!("/ui/runs/{first}"))).await;
-    page.wait_for(&format!("a[href=\"/ui/runs/{replay}\"]")).await;
+    page.wait_for(&format!("a[href=\"/ui/runs/{replay}\"]"))
+        .await;
     page.assert_clean().await;
 
     page.goto(&s.url("/ui/pipelines")).await;
@@ -312,7 +379,8 @@ async fn cancel_and_replay_from_a_step_work_from_the_run_page() {
     page.assert_clean().await;
     page.goto(&s.url("/ui/pipelines/flow")).await;
     page.wait_for("#graph g.node[data-step=\"metrics\"]").await;
-    page.wait_for("#graph a[href=\"/ui/pipelines/three\"]").await;
+    page.wait_for("#graph a[href=\"/ui/pipelines/three\"]")
+        .await;
     page.screenshot(&shot("pipeline")).await;
     page.assert_clean().await;
 }

@@ -30,11 +30,19 @@ const RECENT_RUNS: u32 = 50;
 /// The counts of the runs list, kept between requests.
 #[derive(Default)]
 pub struct CountsCache {
-    inner: std::sync::Mutex<(Option<(Instant, Vec<(String, u64)>)>, bool)>,
+    inner: std::sync::Mutex<Counts>,
+}
+
+/// Counts by status and when they were read.
+#[derive(Default)]
+struct Counts {
+    read: Option<(Instant, Vec<(String, u64)>)>,
+    /// A refresh is under way.
+    refreshing: bool,
 }
 
 impl CountsCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Option<(Instant, Vec<(String, u64)>)>, bool)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
         match self.inner.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
@@ -133,14 +141,15 @@ fn parse_time(s: &str) -> Option<i64> {
 async fn counts(state: &Arc<AppState>) -> Result<Vec<(String, u64)>, ApiError> {
     let (cached, refresh) = {
         let mut g = state.counts.lock();
-        let fresh =
-            g.0.as_ref()
-                .is_some_and(|(at, _)| at.elapsed() < COUNTS_MAX_AGE);
-        let refresh = !fresh && !g.1 && g.0.is_some();
+        let fresh = g
+            .read
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < COUNTS_MAX_AGE);
+        let refresh = !fresh && !g.refreshing && g.read.is_some();
         if refresh {
-            g.1 = true;
+            g.refreshing = true;
         }
-        (g.0.as_ref().map(|(_, c)| c.clone()), refresh)
+        (g.read.as_ref().map(|(_, c)| c.clone()), refresh)
     };
     match cached {
         Some(c) => {
@@ -150,9 +159,9 @@ async fn counts(state: &Arc<AppState>) -> Result<Vec<(String, u64)>, ApiError> {
                     let result = state.engine.store.count_runs_by_status();
                     let mut g = state.counts.lock();
                     if let Ok(c) = result {
-                        g.0 = Some((Instant::now(), c));
+                        g.read = Some((Instant::now(), c));
                     }
-                    g.1 = false;
+                    g.refreshing = false;
                 });
             }
             Ok(c)
@@ -160,7 +169,7 @@ async fn counts(state: &Arc<AppState>) -> Result<Vec<(String, u64)>, ApiError> {
         None => {
             let store = state.engine.store.clone();
             let c = blocking(move || store.count_runs_by_status()).await?;
-            state.counts.lock().0 = Some((Instant::now(), c.clone()));
+            state.counts.lock().read = Some((Instant::now(), c.clone()));
             Ok(c)
         }
     }
@@ -222,13 +231,15 @@ pub async fn runs(
         "runs.html",
         &views::runs_page(
             &frame,
-            &page_runs,
-            &counts,
-            &filters,
-            next.map(|n| crate::ui::query_value(&n)),
-            first_page,
-            &pipelines,
-            now,
+            &views::RunsList {
+                runs: &page_runs,
+                counts: &counts,
+                filters: &filters,
+                next: next.map(|n| crate::ui::query_value(&n)),
+                first_page,
+                pipelines: &pipelines,
+                now,
+            },
         ),
     ))
 }

@@ -148,7 +148,11 @@ pub fn draw(entries: &[GraphEntry]) -> Drawing {
                     Some(over) => {
                         let over = over.trim();
                         let shown: String = over.chars().take(OVER_CHARS).collect();
-                        let more = if over.chars().count() > OVER_CHARS { "…" } else { "" };
+                        let more = if over.chars().count() > OVER_CHARS {
+                            "…"
+                        } else {
+                            ""
+                        };
                         format!("{} (for each of {shown}{more})", e.name)
                     }
                     None => format!("{} (parallel)", e.name),

@@ -119,16 +119,29 @@ impl ListFilters {
     }
 }
 
-pub fn runs_page(
-    frame: &Frame,
-    runs: &[RunRecord],
-    counts: &[(String, u64)],
-    filters: &ListFilters,
-    next: Option<String>,
-    first_page: bool,
-    pipelines: &[String],
-    now: i64,
-) -> Value {
+/// One page of the runs list.
+pub struct RunsList<'a> {
+    pub runs: &'a [RunRecord],
+    pub counts: &'a [(String, u64)],
+    pub filters: &'a ListFilters,
+    /// The cursor of the next page, if there is one.
+    pub next: Option<String>,
+    pub first_page: bool,
+    pub pipelines: &'a [String],
+    pub now: i64,
+}
+
+pub fn runs_page(frame: &Frame, list: &RunsList<'_>) -> Value {
+    let RunsList {
+        runs,
+        counts,
+        filters,
+        next,
+        first_page,
+        pipelines,
+        now,
+    } = list;
+    let (first_page, now) = (*first_page, *now);
     let total: u64 = counts.iter().map(|(_, n)| n).sum();
     let query = filters.query();
     json!({
@@ -140,7 +153,7 @@ pub fn runs_page(
         "filters": filters,
         "statuses": RunStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
         "pipelines": pipelines,
-        "next": next.map(|c| if query.is_empty() { format!("/ui?after={c}") } else { format!("/ui?{query}&after={c}") }),
+        "next": next.as_ref().map(|c| if query.is_empty() { format!("/ui?after={c}") } else { format!("/ui?{query}&after={c}") }),
         "first_page": first_page,
         "live": first_page,
     })
@@ -375,9 +388,7 @@ pub fn recent_stats(runs: &[RunRecord]) -> RecentStats {
         .iter()
         .filter(|r| r.status != RunStatus::Running)
         .count();
-    if finished > 0 {
-        s.success_rate = Some((s.completed * 100 / finished) as u32);
-    }
+    s.success_rate = (s.completed * 100).checked_div(finished).map(|p| p as u32);
     durations.sort_unstable();
     let pick = |q: f64| -> Option<String> {
         if durations.is_empty() {
