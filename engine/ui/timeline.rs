@@ -293,6 +293,78 @@ mod tests {
     }
 
     #[test]
+    fn an_agent_steps_turns_and_tool_calls_are_rows_beneath_it() {
+        use crate::domain::{ToolCallStatus, ToolEffect, TurnStatus};
+        use crate::store::{ToolCallRecord, TurnRecord};
+        let turn = |n: u32, from: i64, to: i64| TurnRecord {
+            run_id: "r".into(),
+            step_path: "triage".into(),
+            iteration: 0,
+            turn: n,
+            status: TurnStatus::Completed,
+            messages_json: "[]".into(),
+            reply_json: None,
+            tools_json: None,
+            input_tokens: 1,
+            output_tokens: 1,
+            cost_usd: None,
+            error: None,
+            started_at: from,
+            finished_at: Some(to),
+        };
+        let call = ToolCallRecord {
+            run_id: "r".into(),
+            step_path: "triage".into(),
+            iteration: 0,
+            turn: 1,
+            call_index: 1,
+            call_id: "c1".into(),
+            tool: "get_logs".into(),
+            arguments_json: "{}".into(),
+            effect: ToolEffect::Read,
+            effect_key: "r:triage:0:1:1".into(),
+            status: ToolCallStatus::Completed,
+            attempt: 1,
+            result_json: None,
+            approval_token: None,
+            approval_deadline: None,
+            decided_by: None,
+            started_at: 40,
+            finished_at: Some(60),
+            duration_ms: Some(20),
+        };
+        let journal = StepJournal {
+            run_id: "r".into(),
+            step_path: "triage".into(),
+            turns: vec![turn(1, 0, 40), turn(2, 60, 100)],
+            calls: vec![call],
+            delegations: vec![],
+        };
+        let t = layout(
+            0,
+            100,
+            &[rec("triage", 0, StepKind::Step, 0, Some(100))],
+            &[journal],
+        );
+        let got: Vec<(&str, &str, u32)> = t
+            .rows
+            .iter()
+            .map(|r| (r.label.as_str(), r.kind, r.depth))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("triage", "step", 0),
+                ("turn 1", "turn", 1),
+                ("get_logs", "tool_call", 2),
+                ("turn 2", "turn", 1),
+            ]
+        );
+        // The tool call sits where it ran: after turn 1's reply, before turn 2.
+        assert!(t.rows[2].x > t.rows[1].x && t.rows[2].x < t.rows[3].x);
+    }
+
+    #[test]
     fn an_instant_step_stays_visible_and_an_empty_run_draws_nothing() {
         let t = layout(0, 10_000, &[rec("a", 0, StepKind::Step, 5, Some(5))], &[]);
         assert_eq!(t.rows[0].width, 2.0);
