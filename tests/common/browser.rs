@@ -580,11 +580,9 @@ impl PageState {
                     self.last_loader = frame["loaderId"].as_str().map(str::to_string);
                 }
             }
-            "Page.lifecycleEvent" => {
-                if p["name"] == "load" && self.is_main(&p["frameId"]) {
-                    if let Some(l) = p["loaderId"].as_str() {
-                        self.loaded.insert(l.to_string());
-                    }
+            "Page.lifecycleEvent" if p["name"] == "load" && self.is_main(&p["frameId"]) => {
+                if let Some(l) = p["loaderId"].as_str() {
+                    self.loaded.insert(l.to_string());
                 }
             }
             "Runtime.consoleAPICalled" => {
