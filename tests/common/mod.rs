@@ -10,7 +10,9 @@
 //! - `postgres`: a real, throwaway PostgreSQL server;
 //! - `backend`: which store the tests run on (`VECTORSTEP_TEST_BACKEND`);
 //! - `executors`: an executor call built by hand;
-//! - `tool_agent`: an agent with one tool that needs approval, and its fake peer.
+//! - `tool_agent`: an agent with one tool that needs approval, and its fake peer;
+//! - `browser`: a real headless Chromium driven over the DevTools protocol, for the
+//!   web pages' tests.
 //!
 //! The modules named after the folders they replace (`crash_support`, `support`,
 //! ...) only re-export, so that test files keep their paths.
@@ -19,6 +21,7 @@
 
 pub mod approvals;
 pub mod backend;
+pub mod browser;
 pub mod engine;
 pub mod executors;
 pub mod intake;
