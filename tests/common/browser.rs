@@ -643,6 +643,12 @@ impl PageState {
                         );
                     }
                 }
+                // A new document replaces the page: what the old one had in
+                // flight (an events stream, say) is abandoned with it, and
+                // Chromium reports no end for it.
+                if p["type"] == "Document" {
+                    self.in_flight.clear();
+                }
                 self.in_flight.insert(id.clone(), url.clone());
                 self.urls.insert(id, url);
             }
