@@ -161,6 +161,12 @@ const EXPECTED: &[(&str, &str, RouteClass, &str)] = &[
         RouteClass::Operator,
         "/runs/no-such-run/cancel",
     ),
+    (
+        "POST",
+        "/runs/:id/replay",
+        RouteClass::Operator,
+        "/runs/no-such-run/replay",
+    ),
     ("GET", "/approvals", RouteClass::Operator, "/approvals"),
     ("GET", "/replicas", RouteClass::Operator, "/replicas"),
     (

@@ -16,6 +16,7 @@ use crate::runner::Engine;
 mod approvals;
 mod intake;
 pub mod policy;
+mod replay;
 mod replicas;
 mod runs;
 pub mod server;
@@ -169,6 +170,7 @@ pub fn routes() -> Vec<Route> {
         route("GET", "/runs", Operator, get(runs::list)),
         route("GET", "/runs/:id", Operator, get(runs::show)),
         route("POST", "/runs/:id/cancel", Operator, post(runs::cancel)),
+        route("POST", "/runs/:id/replay", Operator, post(replay::replay)),
         route("GET", "/approvals", Operator, get(approvals::list)),
         route("GET", "/replicas", Operator, get(replicas::list)),
         route(
