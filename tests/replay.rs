@@ -23,7 +23,14 @@ fn pipeline(steps: &str) -> String {
 }
 
 fn three_steps(base: &str) -> String {
-    pipeline(&[webhook("s1", base), webhook("s2", base), webhook("s3", base)].concat())
+    pipeline(
+        &[
+            webhook("s1", base),
+            webhook("s2", base),
+            webhook("s3", base),
+        ]
+        .concat(),
+    )
 }
 
 /// `POST /runs/{id}/replay` with `body`: the status and the JSON answer.
@@ -72,7 +79,12 @@ async fn a_replay_from_step_two_reuses_step_one_and_runs_the_rest_with_new_keys(
     let svc = Service::start(&dir.root).await;
     let old = svc.post_run("p", json!({"service": "web"})).await;
     let old_run = svc.wait_terminal(&old).await;
-    assert_eq!(old_run["status"], "completed", "{:?}", event_names(&old_run));
+    assert_eq!(
+        old_run["status"],
+        "completed",
+        "{:?}",
+        event_names(&old_run)
+    );
 
     let (status, body) = replay(&svc, &old, json!({"from_step": "s2", "by": "carol"})).await;
     assert_eq!(status, 202, "{body}");
@@ -93,7 +105,10 @@ async fn a_replay_from_step_two_reuses_step_one_and_runs_the_rest_with_new_keys(
     }
     // The copied record is the old one, field for field.
     assert_eq!(step(&run, "s1"), step(&old_run, "s1"));
-    assert_ne!(step(&run, "s2")["idempotency_key"], step(&old_run, "s2")["idempotency_key"]);
+    assert_ne!(
+        step(&run, "s2")["idempotency_key"],
+        step(&old_run, "s2")["idempotency_key"]
+    );
     let reused = event(&run, "step_reused");
     assert_eq!(reused["step"], "s1");
     assert_eq!(reused["from_run"], old.as_str());
@@ -101,19 +116,36 @@ async fn a_replay_from_step_two_reuses_step_one_and_runs_the_rest_with_new_keys(
     assert_eq!(started["replay_of"], old.as_str());
     assert_eq!(started["by"], "carol");
     assert!(event_names(&old_run).iter().all(|e| e != "step_reused"));
-    assert!(old_run["logs"][0].get("replay_of").is_none(), "{}", old_run["logs"][0]);
+    assert!(
+        old_run["logs"][0].get("replay_of").is_none(),
+        "{}",
+        old_run["logs"][0]
+    );
     // A replay is a new run, never a resumed one.
-    assert!(events(&run, "run_resumed").is_empty(), "{:?}", event_names(&run));
+    assert!(
+        events(&run, "run_resumed").is_empty(),
+        "{:?}",
+        event_names(&run)
+    );
     assert_eq!(run["resume_count"], 0);
     assert_eq!(run["resumed_at"], Value::Null);
     assert_eq!(run["replay_of"], old.as_str());
     assert_eq!(old_run["replay_of"], Value::Null);
     // The same pipeline and trigger.
-    for key in ["pipeline_name", "source", "team", "stage", "config_fingerprint"] {
+    for key in [
+        "pipeline_name",
+        "source",
+        "team",
+        "stage",
+        "config_fingerprint",
+    ] {
         assert_eq!(run[key], old_run[key], "{key}");
     }
     let listed = svc.list_runs().await;
-    let summary = listed.iter().find(|r| r["id"] == new.as_str()).expect("listed");
+    let summary = listed
+        .iter()
+        .find(|r| r["id"] == new.as_str())
+        .expect("listed");
     assert_eq!(summary["replay_of"], old.as_str());
 
     // A replay from the first step copies nothing and runs everything again.
@@ -161,7 +193,11 @@ async fn replays_are_refused_while_running_for_an_unknown_step_and_after_a_chang
     svc.sigterm(RUN_TIMEOUT).await;
     svc.restart().await;
     refused(&svc, &old, "s2", 409, "changed since run").await;
-    assert_eq!(svc.list_runs().await.len(), runs, "a refusal stores nothing");
+    assert_eq!(
+        svc.list_runs().await.len(),
+        runs,
+        "a refusal stores nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -182,14 +218,22 @@ async fn a_copy_with_a_human_step_is_refused_and_the_cli_cancels_and_replays() {
     // `runs cancel` of a running run records who cancelled.
     let out = vectorstep(&svc, &dir, &["runs", "cancel", &old, "--by", "dave"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(text(&out.stdout).contains(&format!("cancelling run {old}")), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains(&format!("cancelling run {old}")),
+        "{}",
+        text(&out.stdout)
+    );
     let cancelled = svc.wait_terminal(&old).await;
     assert_eq!(cancelled["status"], "cancelled");
     assert_eq!(event(&cancelled, "run_cancelled")["by"], "dave");
     // A second cancel is the server's refusal, exit 1 with its message.
     let out = vectorstep(&svc, &dir, &["runs", "cancel", &old]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("already cancelled"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("already cancelled"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // Past the human step: refused, since approvals are never copied.
     refused(&svc, &old, "s3", 409, "include the human step `approve`").await;
@@ -201,7 +245,11 @@ async fn a_copy_with_a_human_step_is_refused_and_the_cli_cancels_and_replays() {
         text(&out.stderr)
     );
     // From the human step itself: allowed, and it asks again.
-    let out = vectorstep(&svc, &dir, &["runs", "replay", &old, "--from", "approve", "--by", "erin"]);
+    let out = vectorstep(
+        &svc,
+        &dir,
+        &["runs", "replay", &old, "--from", "approve", "--by", "erin"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let new = stdout
@@ -209,7 +257,10 @@ async fn a_copy_with_a_human_step_is_refused_and_the_cli_cancels_and_replays() {
         .nth(2)
         .map(|w| w.trim_end_matches(':').to_string())
         .expect("the new run id");
-    assert!(stdout.contains(&format!("a replay of run {old} from step approve")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("a replay of run {old} from step approve")),
+        "{stdout}"
+    );
     let run = svc.wait_step(&new, "approve", "waiting").await;
     assert_eq!(run["replay_of"], old.as_str());
     assert_eq!(event(&run, "run_started")["by"], "erin");

@@ -19,9 +19,19 @@ fn asked_by(by: Option<&str>) -> String {
         .unwrap_or_else(|| std::env::var("USER").unwrap_or_else(|_| "cli".into()))
 }
 
-pub fn cancel(cli: &Cli, server: Server<'_>, run_id: &str, by: Option<&str>) -> anyhow::Result<i32> {
+pub fn cancel(
+    cli: &Cli,
+    server: Server<'_>,
+    run_id: &str,
+    by: Option<&str>,
+) -> anyhow::Result<i32> {
     let by = asked_by(by);
-    let (base, status, body) = post(cli, server, &format!("runs/{run_id}/cancel"), json!({"by": by}))?;
+    let (base, status, body) = post(
+        cli,
+        server,
+        &format!("runs/{run_id}/cancel"),
+        json!({"by": by}),
+    )?;
     if let Some(e) = auth_hint(status, &base, RUNS) {
         return Err(e);
     }

@@ -26,8 +26,9 @@ pub async fn replay(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     let body: Value = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::new(StatusCode::BAD_REQUEST, "malformed JSON")
-            .detail(Value::from(format!("expected {{\"from_step\": \"name\"}}: {e}")))
+        ApiError::new(StatusCode::BAD_REQUEST, "malformed JSON").detail(Value::from(format!(
+            "expected {{\"from_step\": \"name\"}}: {e}"
+        )))
     })?;
     let Some(from_step) = body
         .get("from_step")
@@ -85,10 +86,12 @@ fn refusal(e: ReplayRefusal) -> ApiError {
     match e {
         ReplayRefusal::UnknownRun(_) => ApiError::new(StatusCode::NOT_FOUND, "run not found"),
         ReplayRefusal::Refused(r) if r.is_bad_request() => {
-            ApiError::new(StatusCode::BAD_REQUEST, "unknown step").detail(Value::from(r.to_string()))
+            ApiError::new(StatusCode::BAD_REQUEST, "unknown step")
+                .detail(Value::from(r.to_string()))
         }
-        ReplayRefusal::Refused(r) => ApiError::new(StatusCode::CONFLICT, "replay refused")
-            .detail(Value::from(r.to_string())),
+        ReplayRefusal::Refused(r) => {
+            ApiError::new(StatusCode::CONFLICT, "replay refused").detail(Value::from(r.to_string()))
+        }
         ReplayRefusal::Store(e) => e.into(),
         e @ ReplayRefusal::CorruptRun { .. } => {
             tracing::error!(error = %e, "Replay refused: the old run is unreadable.");

@@ -131,7 +131,11 @@ pub fn decide(
         return Err(Refusal::UnknownStep {
             step: from_step.to_string(),
             pipeline: pipeline.name.clone(),
-            valid: pipeline.steps.iter().map(|e| e.name().to_string()).collect(),
+            valid: pipeline
+                .steps
+                .iter()
+                .map(|e| e.name().to_string())
+                .collect(),
         });
     };
     let copied = &pipeline.steps[..at];
@@ -368,7 +372,14 @@ mod tests {
         );
         // Any ending of the old run may be replayed, as long as the copy is whole.
         let failed = RunStatus::Failed;
-        check(true, failed, true, &all[..4], "fo", Ok(&["a", "g", "g/x", "g/y"]));
+        check(
+            true,
+            failed,
+            true,
+            &all[..4],
+            "fo",
+            Ok(&["a", "g", "g/x", "g/y"]),
+        );
         check(true, RunStatus::Interrupted, true, &all, "g", Ok(&["a"]));
     }
 
@@ -376,7 +387,14 @@ mod tests {
     fn refusals_say_what_to_do() {
         let all = finished();
         let ok = RunStatus::Completed;
-        check(true, RunStatus::Running, true, &all, "g", Err("still running"));
+        check(
+            true,
+            RunStatus::Running,
+            true,
+            &all,
+            "g",
+            Err("still running"),
+        );
         check(false, ok, true, &all, "g", Err("no longer loaded"));
         check(true, ok, false, &all, "g", Err("the run's is 0ld"));
         check(
@@ -404,11 +422,25 @@ mod tests {
         let ok = RunStatus::Failed;
         // The old run ended before `fo` ran.
         let early = &finished()[..4];
-        check(true, ok, true, early, "ok", Err("`fo` has no record in run old"));
+        check(
+            true,
+            ok,
+            true,
+            early,
+            "ok",
+            Err("`fo` has no record in run old"),
+        );
         // `a` ended the old run.
         let mut ended = finished();
         ended[0].status = StepStatus::Escalated;
-        check(true, ok, true, &ended, "g", Err("`a` ended run old (escalated)"));
+        check(
+            true,
+            ok,
+            true,
+            &ended,
+            "g",
+            Err("`a` ended run old (escalated)"),
+        );
         check(true, ok, true, &ended, "a", Ok(&[]));
         // A group left in flight (an interrupted run) is not whole.
         let mut partial = finished();
@@ -434,7 +466,10 @@ mod tests {
         let p = pipeline(yaml);
         let old = old_run(RunStatus::Completed, &p.fingerprint);
         let got = decide(Some(&*p), &old, &[], "h").unwrap_err();
-        assert!(matches!(got, Refusal::CopiesHumanStep { ref human, .. } if human == "g"), "{got:?}");
+        assert!(
+            matches!(got, Refusal::CopiesHumanStep { ref human, .. } if human == "g"),
+            "{got:?}"
+        );
         assert!(!got.is_bad_request());
         let unknown = decide(Some(&*p), &old, &[], "x").unwrap_err();
         assert!(unknown.is_bad_request());
@@ -463,7 +498,10 @@ mod tests {
     fn rebased_rows_belong_to_the_new_run() {
         let r = rebase_step(&rec("a", "completed"), "new");
         assert_eq!(r.run_id, "new");
-        assert_eq!(r.idempotency_key, "old:a:1", "the key its effect was made under");
+        assert_eq!(
+            r.idempotency_key, "old:a:1",
+            "the key its effect was made under"
+        );
         let call = crate::store::ToolCallRecord {
             run_id: "old".into(),
             step_path: "s".into(),

@@ -177,7 +177,9 @@ impl Engine {
                 "Run started for pipeline {}: a replay of run {}{}",
                 pipeline.name,
                 r.old_run_id,
-                r.by.as_deref().map(|b| format!(", asked by {b}")).unwrap_or_default()
+                r.by.as_deref()
+                    .map(|b| format!(", asked by {b}"))
+                    .unwrap_or_default()
             ),
             None => format!("Run started for pipeline {}", pipeline.name),
         };
