@@ -277,3 +277,57 @@ async fn a_copy_with_a_human_step_is_refused_and_the_cli_cancels_and_replays() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(svc.wait_terminal(&new).await["status"], "cancelled");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copied_group_rebuilds_the_context_the_next_step_renders() {
+    let dir = Scratch::new();
+    let peer =
+        HoldingPeer::start(|r| Answer::Reply(Reply::output(0.9, &format!("from {}", r.path))))
+            .await;
+    let base = peer.url();
+    let steps = format!(
+        "  - parallel:\n      name: g\n      steps:\n\
+         \x20       - {{name: x, executor: webhook, executor_config: {{url: \"{base}/x\"}}, prompt_template: '{{}}'}}\n\
+         \x20       - {{name: y, executor: webhook, executor_config: {{url: \"{base}/y\"}}, prompt_template: '{{}}'}}\n\
+         \x20 - fan_out: {{name: fo, over: '[1, 2]', executor: webhook, executor_config: {{url: \"{base}/item\"}}, prompt_template: '{{}}'}}\n\
+         \x20 - name: s3\n    executor: webhook\n    executor_config: {{url: \"{base}/s3\"}}\n\
+         \x20   prompt_template: '{{\"x\": \"{{{{ steps.x.summary }}}}\", \"g\": \"{{{{ steps.g.summary }}}}\", \"fo\": \"{{{{ steps.fo.summary }}}}\"}}'\n"
+    );
+    dir.write_pipeline("p", &pipeline(&steps));
+    let svc = Service::start(&dir.root).await;
+    let old = svc.post_run("p", json!({})).await;
+    let old_run = svc.wait_terminal(&old).await;
+    assert_eq!(
+        old_run["status"],
+        "completed",
+        "{:?}",
+        event_names(&old_run)
+    );
+
+    let (status, body) = replay(&svc, &old, json!({"from_step": "s3"})).await;
+    assert_eq!(status, 202, "{body}");
+    let run = svc.wait_terminal(body["run_id"].as_str().unwrap()).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    // Branches and items were copied, never requested again.
+    assert_eq!(
+        (
+            peer.count_path("/x"),
+            peer.count_path("/y"),
+            peer.count_path("/item")
+        ),
+        (1, 1, 2)
+    );
+    for path in ["g", "g/x", "g/y", "fo", "fo/0", "fo/1"] {
+        assert_eq!(step(&run, path), step(&old_run, path), "{path}");
+    }
+    let reused: Vec<&Value> = events(&run, "step_reused")
+        .iter()
+        .map(|e| &e["step"])
+        .collect();
+    assert_eq!(reused, [&json!("g"), &json!("fo")]);
+    // s3 rendered from the copied outputs exactly as it did from the live ones.
+    let s3 = peer.for_path("/s3");
+    assert_eq!(s3.len(), 2);
+    assert_eq!(s3[0].json()["x"], "from /x", "{}", s3[0].body);
+    assert_eq!(s3[1].json(), s3[0].json());
+}

@@ -194,7 +194,13 @@ async fn perform(
         rs.wave = None;
     }
     let outcome = match unit_plan {
-        UnitPlan::Kept { output, .. } => {
+        UnitPlan::Kept {
+            output, branches, ..
+        } => {
+            // As the group registered them when it ran: branches, then the group.
+            for (key, v) in branches {
+                rs.outputs.insert(&key, v);
+            }
             if let Some(o) = output {
                 register(rs, entry, &o);
             }
