@@ -331,3 +331,65 @@ async fn a_copied_group_rebuilds_the_context_the_next_step_renders() {
     assert_eq!(s3[0].json()["x"], "from /x", "{}", s3[0].body);
     assert_eq!(s3[1].json(), s3[0].json());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_copied_agent_step_keeps_its_journal_and_calls_neither_model_nor_tool() {
+    use common::tool_agent;
+    let dir = Scratch::new();
+    let peer = tool_agent::peer().await;
+    // The same agent and tool, without the approval (it would not be copied anyway).
+    dir.write_config(&tool_agent::config(&peer.url()).replace("    approval: required\n", ""));
+    let steps = format!(
+        "  - name: triage\n    executor: agent\n    executor_config: {{agent: investigator}}\n    prompt_template: \"Investigate the alert.\"\n{}",
+        webhook("s2", &peer.url())
+    );
+    dir.write_pipeline("p", &pipeline(&steps));
+    let svc = Service::start(&dir.root).await;
+    let old = svc.post_run("p", json!({})).await;
+    let old_run = svc.wait_terminal(&old).await;
+    assert_eq!(
+        old_run["status"],
+        "completed",
+        "{:?}",
+        event_names(&old_run)
+    );
+    let (model, tool) = (
+        peer.count_path(tool_agent::MODEL),
+        peer.count_path(tool_agent::TOOL),
+    );
+    assert_eq!(tool, 1);
+
+    let (status, body) = replay(&svc, &old, json!({"from_step": "s2"})).await;
+    assert_eq!(status, 202, "{body}");
+    let new = body["run_id"].as_str().unwrap().to_string();
+    let run = svc.wait_terminal(&new).await;
+    assert_eq!(run["status"], "completed", "{:?}", event_names(&run));
+    assert_eq!(
+        peer.count_path(tool_agent::MODEL),
+        model,
+        "the model is not asked again"
+    );
+    assert_eq!(
+        peer.count_path(tool_agent::TOOL),
+        1,
+        "the tool is not called again"
+    );
+    assert_eq!(peer.count_path("/s2"), 2);
+    // The step and its turns as they were; the copied call holds the new run's key.
+    let (was, is) = (step(&old_run, "triage"), step(&run, "triage"));
+    let without_turns = |s: &Value| {
+        let mut s = s.clone();
+        s.as_object_mut().unwrap().remove("turns");
+        s
+    };
+    assert_eq!(without_turns(is), without_turns(was));
+    let mut turns = was["turns"].clone();
+    assert!(!turns.as_array().unwrap().is_empty(), "{was}");
+    let key = &mut turns[0]["tool_calls"][0]["effect_key"];
+    *key = Value::from(key.as_str().unwrap().replace(&old, &new));
+    assert_eq!(is["turns"], turns);
+    assert_eq!(
+        run["tokens_used"], old_run["tokens_used"],
+        "the copy's usage"
+    );
+}
