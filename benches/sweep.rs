@@ -62,6 +62,7 @@ fn main() {
             terminal_step: None,
             reason: None,
             final_output_json: None,
+            replay_of: None,
         }));
         for s in 0..3 {
             let path = format!("s{s}");

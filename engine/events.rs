@@ -81,6 +81,14 @@ catalogue! {
         source: String,
         config_fingerprint: String,
         parent_run_id: Option<String>,
+        /// A replay (`POST /runs/{id}/replay`): the run it replays; left out of
+        /// every other run's event.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        replay_of: Option<String>,
+        /// A replay: who asked for it (the operator, or the body's `by` without
+        /// auth); left out when nobody is known.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     }
     /// The run reached a terminal status. Info when it ended well (`completed`,
     /// `stopped`), warn otherwise.
@@ -232,6 +240,12 @@ catalogue! {
     StepSkipped = "step_skipped" [Info, Warn] {
         step: String,
         when_error: Option<String>,
+    }
+    /// A replay copied this top-level entry's records (its branches, fan-out
+    /// items and agent journal included) from `from_run`; it does not run again.
+    StepReused = "step_reused" [Info] {
+        step: String,
+        from_run: String,
     }
     /// A step's attempt failed and is tried again after `delay_seconds`.
     StepRetrying = "step_retrying" [Warn] {

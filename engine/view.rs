@@ -43,6 +43,7 @@ pub fn run_summary(r: &RunRecord) -> Value {
         "resume_count": r.resume_count,
         "config_fingerprint": r.config_fingerprint,
         "parent_run_id": r.parent_run_id,
+        "replay_of": r.replay_of,
         "tokens_used": r.tokens_used,
         "cost_usd": r.cost_usd,
         "terminal_step": r.terminal_step,

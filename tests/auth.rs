@@ -169,6 +169,12 @@ const EXPECTED: &[(&str, &str, RouteClass, &str)] = &[
         "/runs/no-such-run/cancel",
     ),
     (
+        "POST",
+        "/runs/:id/replay",
+        RouteClass::Operator,
+        "/runs/no-such-run/replay",
+    ),
+    (
         "GET",
         "/runs/:id/events",
         RouteClass::Operator,

@@ -174,6 +174,7 @@ fn running_run(id: &str, pipeline: &str, fingerprint: &str) -> RunRecord {
         terminal_step: None,
         reason: None,
         final_output_json: None,
+        replay_of: None,
     }
 }
 

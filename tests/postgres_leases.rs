@@ -54,6 +54,7 @@ fn run(id: &str, fingerprint: Option<&str>, at: i64) -> RunRecord {
         terminal_step: None,
         reason: None,
         final_output_json: None,
+        replay_of: None,
     }
 }
 

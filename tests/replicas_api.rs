@@ -54,6 +54,7 @@ fn running_run(id: &str) -> RunRecord {
         terminal_step: None,
         reason: None,
         final_output_json: None,
+        replay_of: None,
     }
 }
 

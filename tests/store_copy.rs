@@ -47,6 +47,7 @@ fn run(id: &str, status: RunStatus, parent: Option<&str>) -> RunRecord {
         terminal_step: None,
         reason: None,
         final_output_json: None,
+        replay_of: None,
     }
 }
 

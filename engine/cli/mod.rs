@@ -1,6 +1,7 @@
 //! Command-line interface (SPEC section 1). Exit status: 0 success, 1 usage or
 //! config error, 2 a run that ended in a non-success status; `store copy` exits 2
-//! on a usage error and 1 when the copy is refused or fails.
+//! on a usage error and 1 when the copy is refused or fails; `runs cancel` and
+//! `runs replay` exit 64 (`EX_USAGE`) on a usage error and 1 on a server error.
 
 use std::path::PathBuf;
 
@@ -10,6 +11,7 @@ mod approvals;
 mod demo_mcp;
 mod replicas;
 mod run;
+mod runs;
 mod serve;
 mod store;
 mod tools;
@@ -185,6 +187,31 @@ pub enum ReplicasCommand {
     },
 }
 
+/// How a command reaches the running server (see `approvals::Server`).
+#[derive(clap::Args, Debug)]
+pub struct ServerArgs {
+    /// The server's base URL (default: from config.yaml `server`).
+    #[arg(long, env = "VECTORSTEP_URL")]
+    url: Option<String>,
+    /// The bearer token to send (an operator token when the server has auth).
+    #[arg(
+        long = "token",
+        id = "bearer",
+        env = "VECTORSTEP_TOKEN",
+        hide_env_values = true
+    )]
+    bearer: Option<String>,
+}
+
+impl ServerArgs {
+    fn server(&self) -> approvals::Server<'_> {
+        approvals::Server {
+            url: self.url.as_deref(),
+            token: self.bearer.as_deref(),
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 pub enum RunsCommand {
     /// List runs, newest first.
@@ -203,6 +230,30 @@ pub enum RunsCommand {
         run_id: String,
         #[arg(long)]
         json: bool,
+    },
+    /// Cancel a running run at its next step boundary, through the running server.
+    Cancel {
+        run_id: String,
+        /// Who cancels, when the server has no auth (with an operator token the
+        /// server records the operator). Default: `$USER`.
+        #[arg(long)]
+        by: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Start a new run of the same pipeline and trigger that reuses the recorded
+    /// steps before STEP and runs from STEP on, through the running server.
+    Replay {
+        run_id: String,
+        /// The top-level step to start from.
+        #[arg(long = "from", value_name = "STEP")]
+        from: String,
+        /// Who asks, when the server has no auth (with an operator token the
+        /// server records the operator). Default: `$USER`.
+        #[arg(long)]
+        by: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
     },
 }
 
@@ -234,6 +285,28 @@ fn is_store_command() -> bool {
         }
     }
     false
+}
+
+/// Whether the command line is `runs cancel` or `runs replay` (its usage errors
+/// exit 64): the first two arguments that are neither options nor `--config`'s
+/// value.
+fn is_remote_runs_command() -> bool {
+    let mut words = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--config" {
+            args.next();
+        } else if !a.starts_with('-') {
+            words.push(a);
+            if words.len() == 2 {
+                break;
+            }
+        }
+    }
+    matches!(
+        words.iter().map(String::as_str).collect::<Vec<_>>()[..],
+        ["runs", "cancel" | "replay"]
+    )
 }
 
 /// Whether `--config` was given explicitly (a missing explicit file is an error).
@@ -282,6 +355,7 @@ pub fn main() -> i32 {
             return match (e.use_stderr(), is_store_command()) {
                 (false, _) => 0,
                 (true, true) => store::USAGE,
+                (true, false) if is_remote_runs_command() => runs::USAGE,
                 (true, false) => 1,
             };
         }
@@ -321,6 +395,18 @@ pub fn main() -> i32 {
         Command::Runs {
             command: RunsCommand::Show { run_id, json },
         } => run::show(&cli, run_id, *json),
+        Command::Runs {
+            command: RunsCommand::Cancel { run_id, by, server },
+        } => runs::cancel(&cli, server.server(), run_id, by.as_deref()),
+        Command::Runs {
+            command:
+                RunsCommand::Replay {
+                    run_id,
+                    from,
+                    by,
+                    server,
+                },
+        } => runs::replay(&cli, server.server(), run_id, from, by.as_deref()),
         Command::Sweep { .. } => run::sweep_dry_run(&cli),
         Command::DemoMcp => demo_mcp::serve(),
         Command::Replicas {

@@ -416,6 +416,9 @@ pub fn show(cli: &Cli, run_id: &str, json: bool) -> anyhow::Result<i32> {
         run.resume_count,
         run.config_fingerprint
     );
+    if let Some(old) = &run.replay_of {
+        println!("replay of run {old}");
+    }
     if let Some(r) = &run.reason {
         println!("reason: {r}");
     }

@@ -19,6 +19,7 @@ mod forms;
 mod intake;
 mod pipelines;
 pub mod policy;
+mod replay;
 mod replicas;
 mod runs;
 pub mod server;
@@ -178,6 +179,7 @@ pub fn routes() -> Vec<Route> {
         route("GET", "/runs", Operator, get(runs::list)),
         route("GET", "/runs/:id", Operator, get(runs::show)),
         route("POST", "/runs/:id/cancel", Operator, post(runs::cancel)),
+        route("POST", "/runs/:id/replay", Operator, post(replay::replay)),
         route("GET", "/runs/:id/events", Operator, get(events::stream)),
         route("GET", "/pipelines", Operator, get(pipelines::list)),
         route("GET", "/pipelines/:name", Operator, get(pipelines::show)),

@@ -2,8 +2,9 @@
 //! joins, budgets, fan-out lists), how a unit settles the run and what a boundary
 //! does (`settle`), what follows an attempt (`attempt`), how a group joins
 //! (`join`), what an agent's model reply leads to (`turns`), the template context,
-//! the resume planner (`plan`), the agent step journal's resume decisions
-//! (`journal`) and who drives a run among several replicas (`lease`).
+//! the resume planner (`plan`), what a replay copies and whether it may
+//! (`replay`), the agent step journal's resume decisions (`journal`) and who
+//! drives a run among several replicas (`lease`).
 //! Nothing here does I/O, and nothing is `async`: `runner` performs what these
 //! functions decide (`tests::nothing_here_is_async` checks it).
 
@@ -15,6 +16,7 @@ pub mod journal;
 pub mod lease;
 pub mod output;
 pub mod plan;
+pub mod replay;
 pub mod settle;
 pub mod turns;
 

@@ -42,6 +42,10 @@ pub enum UnitPlan {
     Kept {
         status: StepStatus,
         output: Option<Value>,
+        /// A group's branch outputs under the template keys a live group registers
+        /// them (a parallel branch's name and its path, a fan-out item's path), in
+        /// its order, so that `steps.<branch>` after a kept group is what it was.
+        branches: Vec<(String, Value)>,
     },
     /// Finished and ended the run, but the run was not closed: close it now.
     Terminal {
@@ -168,7 +172,11 @@ pub fn plan(pipeline: &Pipeline, records: &[StepRecord]) -> ResumePlan {
                 };
                 if continues {
                     plan.steps_skipped += 1;
-                    UnitPlan::Kept { status, output }
+                    UnitPlan::Kept {
+                        status,
+                        output,
+                        branches: branch_outputs(entry, rec, &find),
+                    }
                 } else {
                     UnitPlan::Terminal {
                         status,
@@ -181,6 +189,45 @@ pub fn plan(pipeline: &Pipeline, records: &[StepRecord]) -> ResumePlan {
         plan.units.push(unit);
     }
     plan
+}
+
+/// The recorded branch outputs of a finished group, under the keys a live group
+/// registers them (`runner::group`): a parallel branch's name, then its path; a
+/// fan-out item's path. Empty for a plain step.
+fn branch_outputs<'a>(
+    entry: &Entry,
+    rec: &StepRecord,
+    find: &dyn Fn(&str) -> Option<&'a StepRecord>,
+) -> Vec<(String, Value)> {
+    let name = entry.name();
+    let mut out = Vec::new();
+    match entry {
+        Entry::Step(_) => {}
+        Entry::Parallel(p) => {
+            for b in &p.branches {
+                let path = format!("{name}/{}", b.name);
+                if let Some(r) = find(&path) {
+                    let v = output_of(r).unwrap_or(Value::Null);
+                    out.push((b.name.clone(), v.clone()));
+                    out.push((path, v));
+                }
+            }
+        }
+        Entry::FanOut(_) => {
+            let items = rec
+                .items_json
+                .as_deref()
+                .and_then(|s| serde_json::from_str::<Vec<Value>>(s).ok())
+                .map_or(0, |v| v.len());
+            for i in 0..items {
+                let path = format!("{name}/{i}");
+                if let Some(r) = find(&path) {
+                    out.push((path, output_of(r).unwrap_or(Value::Null)));
+                }
+            }
+        }
+    }
+    out
 }
 
 fn group<'a>(
@@ -440,6 +487,40 @@ mod tests {
         assert_eq!(branches.len(), 3);
         assert_eq!(branches[0], BranchPlan::NotStarted);
         assert!(matches!(branches[1], BranchPlan::Kept { .. }));
+    }
+
+    #[test]
+    fn a_kept_group_brings_back_its_branch_outputs() {
+        let mut fo = rec("fo", "completed", 1);
+        fo.items_json = Some("[1, 2, 3]".into());
+        let records = vec![
+            rec("a", "completed", 1),
+            rec("b", "completed", 1),
+            rec("g", "completed", 1),
+            rec("g/x", "completed", 1),
+            rec("g/y", "failed", 1),
+            rec("g/z", "completed", 1),
+            fo,
+            rec("fo/0", "completed", 1),
+            rec("fo/2", "completed", 1),
+        ];
+        let plan = plan(&shapes("rerun"), &records);
+        let keys = |u: &UnitPlan| match u {
+            UnitPlan::Kept { branches, .. } => branches
+                .iter()
+                .map(|(k, v)| format!("{k}={}", v["summary"].as_str().unwrap_or("")))
+                .collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            keys(&plan.units[0]).is_empty(),
+            "a plain step has no branches"
+        );
+        assert_eq!(
+            keys(&plan.units[2]),
+            ["x=g/x", "g/x=g/x", "y=g/y", "g/y=g/y", "z=g/z", "g/z=g/z"]
+        );
+        assert_eq!(keys(&plan.units[3]), ["fo/0=fo/0", "fo/2=fo/2"]);
     }
 
     #[test]

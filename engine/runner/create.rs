@@ -1,20 +1,39 @@
 //! Recording a new run: one commit holds the run, its first log line, its owner,
 //! its first step's `running` record and (on a shared store) its lease, so no
 //! process ever sees half of a new run. A cron tick's run also carries the
-//! schedule's advance past the tick, first in the same commit.
+//! schedule's advance past the tick, first in the same commit; a replay's run
+//! (`replay`) carries the rows it copies from the run it replays.
 
 use super::{leases, step, Created, Engine, Error, FreshRun, ParentLink};
 use crate::domain::RunStatus;
 use crate::events::Event;
 use crate::pipeline::Pipeline;
 use crate::run::context::Normalised;
-use crate::store::{Outcome, RunRecord, Write};
+use crate::run::Usage;
+use crate::store::{Outcome, RunRecord, StepRecord, Write};
+
+/// What makes a new run a replay of another (see `replay`): the old run, who
+/// asked, what the new run keeps of the old one, and the rows it starts with.
+pub(super) struct ReplayOf {
+    pub old_run_id: String,
+    pub by: Option<String>,
+    /// The old run's stage (the pipeline's may have changed since; it is not in
+    /// the fingerprint).
+    pub stage: String,
+    /// The usage of the copied steps, which the new run's totals start from.
+    pub usage: Usage,
+    /// The copied step rows, already the new run's: the drive plans from them.
+    pub records: Vec<StepRecord>,
+    /// Everything else the copy commits after `run_started`: those rows, the
+    /// journal rows of copied agent steps and the `step_reused` events.
+    pub writes: Vec<Write>,
+}
 
 /// A new run's batch before it is committed, and what is kept of it after.
-struct NewRun {
-    id: String,
+pub(super) struct NewRun {
+    pub id: String,
     pipeline: String,
-    writes: Vec<Write>,
+    pub writes: Vec<Write>,
     fresh: FreshRun,
 }
 
@@ -60,6 +79,7 @@ impl Engine {
             payload_json,
             parent,
             dedup_window_seconds,
+            None,
         );
         let writes = std::mem::take(&mut new.writes);
         let outcomes = self.store.commit(writes).await?;
@@ -80,7 +100,7 @@ impl Engine {
         advance: Write,
     ) -> Result<Option<String>, Error> {
         let id = super::schedule::tick_run_id(&pipeline.name, due);
-        let mut new = self.new_run(id, pipeline, trigger, "{}".into(), None, None);
+        let mut new = self.new_run(id, pipeline, trigger, "{}".into(), None, None, None);
         let mut writes = Vec::with_capacity(new.writes.len() + 1);
         writes.push(advance);
         writes.append(&mut new.writes);
@@ -94,8 +114,9 @@ impl Engine {
         })
     }
 
-    /// The batch that records run `id`.
-    fn new_run(
+    /// The batch that records run `id` (a replay of another with `replay`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new_run(
         &self,
         id: String,
         pipeline: &Pipeline,
@@ -103,16 +124,22 @@ impl Engine {
         payload_json: String,
         parent: Option<ParentLink>,
         dedup_window_seconds: Option<u64>,
+        mut replay: Option<ReplayOf>,
     ) -> NewRun {
         let now = self.now_ms();
-        let triggered_at = chrono::DateTime::parse_from_rfc3339(&trigger.received_at)
-            .map(|t| t.timestamp_millis())
-            .unwrap_or(now);
+        // A replay is triggered now: its age (`max_resume_age_seconds`) counts
+        // from the replay, though its trigger is the old run's.
+        let triggered_at = match &replay {
+            Some(_) => now,
+            None => chrono::DateTime::parse_from_rfc3339(&trigger.received_at)
+                .map(|t| t.timestamp_millis())
+                .unwrap_or(now),
+        };
         let mut trigger = trigger.clone();
         if trigger.received_at.is_empty() {
             trigger.received_at = crate::clock::rfc3339(now);
         }
-        let record = RunRecord {
+        let mut record = RunRecord {
             id: id.clone(),
             pipeline_name: pipeline.name.clone(),
             status: RunStatus::Running,
@@ -134,18 +161,37 @@ impl Engine {
             terminal_step: None,
             reason: None,
             final_output_json: None,
+            replay_of: None,
+        };
+        if let Some(r) = &replay {
+            // Never deduplicated: a replay is asked for by name, and must not
+            // fold future alerts into itself either.
+            record.dedup_fingerprint = None;
+            record.replay_of = Some(r.old_run_id.clone());
+            record.stage = r.stage.clone();
+            record.tokens_used = r.usage.tokens();
+            record.cost_usd = r.usage.cost_usd.unwrap_or(0.0);
+        }
+        let msg = match &replay {
+            Some(r) => format!(
+                "Run started for pipeline {}: a replay of run {}{}",
+                pipeline.name,
+                r.old_run_id,
+                r.by.as_deref()
+                    .map(|b| format!(", asked by {b}"))
+                    .unwrap_or_default()
+            ),
+            None => format!("Run started for pipeline {}", pipeline.name),
         };
         let started = Event::RunStarted {
             pipeline: pipeline.name.clone(),
             source: trigger.source.clone(),
             config_fingerprint: pipeline.fingerprint.clone(),
             parent_run_id: record.parent_run_id.clone(),
+            replay_of: record.replay_of.clone(),
+            by: replay.as_ref().and_then(|r| r.by.clone()),
         }
-        .write(
-            &id,
-            now,
-            format!("Run started for pipeline {}", pipeline.name),
-        );
+        .write(&id, now, msg);
         let fresh_run = RunRecord {
             context_json: String::new(),
             payload_json: String::new(),
@@ -164,6 +210,14 @@ impl Engine {
             other => other,
         };
         let mut writes = vec![insert, started];
+        // The copied rows, after the first log line, in the run's own commit.
+        let copied = match replay.as_mut() {
+            Some(r) => {
+                writes.append(&mut r.writes);
+                Some(std::mem::take(&mut r.records))
+            }
+            None => None,
+        };
         // In the run's own commit, so `serve` never sees it running without its owner.
         // A deduplicated insert leaves no row for this fresh id, so the update is moot.
         if let Some(owner) = self.owner.get() {
@@ -176,6 +230,8 @@ impl Engine {
         // commit: one writer round trip less per run, which is most of what a short
         // run costs. Only if the insert wins dedup, like `run_started`.
         let opened = match pipeline.steps.first() {
+            // A replay starts where its copy ends, which the drive plans.
+            _ if copied.is_some() => None,
             Some(crate::pipeline::Entry::Step(s)) if s.when.is_none() => {
                 let (rec, ev) = step::opening(&id, 0, s, now, 1, false);
                 writes.push(Write::UpsertStepIfInserted(rec.clone()));
@@ -202,13 +258,14 @@ impl Engine {
                 run: fresh_run,
                 trigger,
                 opened,
+                copied: copied.unwrap_or_default(),
             },
         }
     }
 
     /// What committing `new` came to, given its insert's outcome; an inserted run
     /// is leased here and handed to its driver.
-    fn recorded(&self, new: NewRun, insert: Option<Outcome>) -> Created {
+    pub(super) fn recorded(&self, new: NewRun, insert: Option<Outcome>) -> Created {
         match insert {
             Some(Outcome::DuplicateRunning { existing_run_id }) => Created::Duplicate {
                 reason: format!("Duplicate of run {existing_run_id} (status=running)"),

@@ -74,8 +74,8 @@ async fn open(
     } else {
         engine.take_fresh(&run_id)
     };
-    let (mut run, trigger, opened) = match fresh {
-        Some(f) => (f.run, f.trigger, f.opened),
+    let (mut run, trigger, opened, copied) = match fresh {
+        Some(f) => (f.run, f.trigger, f.opened, f.copied),
         None => {
             let run = super::persist::read(engine, &run_id, || engine.store.run(&run_id))
                 .await?
@@ -88,17 +88,19 @@ async fn open(
                     run_id: run_id.clone(),
                     detail: format!("context_json: {e}"),
                 })?;
-            (run, trigger, None)
+            (run, trigger, None, Vec::new())
         }
     };
     let Some(pipeline) = engine.pipeline(&run.pipeline_name) else {
         return Err(Error::UnknownPipeline(run.pipeline_name.clone()));
     };
-    // A run driven for the first time has no step records yet.
+    // A run driven for the first time has no step records yet, except the rows a
+    // replay copied, which it is planned from as a resume would be (its kept units
+    // never run, their outputs rebuild the context); it logs no `run_resumed`.
     let stored = if resume {
         super::persist::read(engine, &run_id, || engine.store.steps(&run_id)).await?
     } else {
-        Vec::new()
+        copied
     };
     let mut plan = plan::plan(&pipeline, &stored);
     // A parked run lives for as long as its wait: keep only what the loop needs.
@@ -192,7 +194,13 @@ async fn perform(
         rs.wave = None;
     }
     let outcome = match unit_plan {
-        UnitPlan::Kept { output, .. } => {
+        UnitPlan::Kept {
+            output, branches, ..
+        } => {
+            // As the group registered them when it ran: branches, then the group.
+            for (key, v) in branches {
+                rs.outputs.insert(&key, v);
+            }
             if let Some(o) = output {
                 register(rs, entry, &o);
             }

@@ -38,6 +38,7 @@ mod park;
 mod persist;
 pub mod ports;
 pub mod records;
+mod replay;
 pub mod replica;
 pub mod retention;
 pub mod schedule;
@@ -49,6 +50,7 @@ pub mod sweep;
 mod unit;
 
 pub use ports::{ApprovalChange, ApprovalDelivery, ApprovalDesk, ChatChannel};
+pub use replay::ReplayRefusal;
 pub use services::Services;
 #[doc(hidden)]
 pub use signals::RetainedSizes;
@@ -183,6 +185,9 @@ pub(crate) struct FreshRun {
     pub trigger: Normalised,
     /// The first step's `running` record, committed with the run.
     pub opened: Option<crate::store::StepRecord>,
+    /// A replay's copied step rows, committed with the run: the first drive
+    /// plans from them as a resume would (empty for any other run).
+    pub copied: Vec<crate::store::StepRecord>,
 }
 
 impl Engine {

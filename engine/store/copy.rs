@@ -81,6 +81,7 @@ pub(super) const TABLES: &[CopyTable] = &[
             "lease_epoch",
             "lease_expires_at",
             "lease_released",
+            "replay_of",
         ],
         key: &["id"],
         generated_key: false,

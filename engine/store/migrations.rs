@@ -20,7 +20,12 @@ pub(super) const MIGRATIONS: &[(&str, &str)] = &[
     ("0005_run_owner", RUN_OWNER),
     ("0006_agent_journal", AGENT_JOURNAL),
     ("0007_replicas", REPLICAS),
+    ("0008_replay_of", REPLAY_OF),
 ];
+
+/// A replay (SPEC 12, `POST /runs/{id}/replay`) names the run it replays; NULL for
+/// every other run. Nothing looks runs up by it, so it has no index.
+const REPLAY_OF: &str = "ALTER TABLE pipeline_runs ADD COLUMN replay_of TEXT;";
 
 /// A run created by `vectorstep run` records the process that owns it (the name of
 /// its lock file, see `store::lock`); NULL means `serve` owns it. `serve` looks for

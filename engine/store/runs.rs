@@ -30,6 +30,8 @@ pub struct RunRecord {
     pub terminal_step: Option<String>,
     pub reason: Option<String>,
     pub final_output_json: Option<String>,
+    /// The run this one replays (`POST /runs/{id}/replay`), if it is a replay.
+    pub replay_of: Option<String>,
 }
 
 /// Selects runs for listing. `limit == 0` means no limit, so `RunFilter::default()`
@@ -47,13 +49,14 @@ const TABLE: &str = "pipeline_runs";
 const INSERT: &str = "INSERT INTO pipeline_runs (id, pipeline_name, status, source, team, \
     stage, triggered_at, completed_at, resumed_at, resume_count, config_fingerprint, \
     parent_run_id, parent_step_path, dedup_fingerprint, context_json, payload_json, \
-    tokens_used, cost_usd, terminal_step, reason, final_output_json) VALUES (?1, ?2, ?3, \
-    ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)";
+    tokens_used, cost_usd, terminal_step, reason, final_output_json, replay_of) VALUES (?1, \
+    ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, \
+    ?21, ?22)";
 
 pub(super) const COLUMNS: &str = "id, pipeline_name, status, source, team, stage, triggered_at, \
     completed_at, resumed_at, resume_count, config_fingerprint, parent_run_id, \
     parent_step_path, dedup_fingerprint, context_json, payload_json, tokens_used, cost_usd, \
-    terminal_step, reason, final_output_json";
+    terminal_step, reason, final_output_json, replay_of";
 
 impl RunRecord {
     pub(super) fn decode(c: &Cols) -> Result<Self, Error> {
@@ -79,6 +82,7 @@ impl RunRecord {
             terminal_step: c.get("terminal_step")?,
             reason: c.get("reason")?,
             final_output_json: c.get("final_output_json")?,
+            replay_of: c.get("replay_of")?,
         })
     }
 }
@@ -188,6 +192,7 @@ fn insert_row(db: &impl Db, run: &RunRecord) -> Result<Outcome, DbError> {
             &run.terminal_step,
             &run.reason,
             &run.final_output_json,
+            &run.replay_of,
         ],
     )?;
     Ok(Outcome::RunInserted)

@@ -55,6 +55,7 @@ fn run(id: &str) -> RunRecord {
         terminal_step: None,
         reason: None,
         final_output_json: None,
+        replay_of: None,
     }
 }
 

@@ -19,6 +19,7 @@ fn run_with_every_column_set_round_trips() {
         terminal_step: Some("fix".into()),
         reason: Some("done".into()),
         final_output_json: Some(r#"{"ok":true}"#.into()),
+        replay_of: Some("r0".into()),
         status: RunStatus::Completed,
         ..run("r1")
     };
