@@ -643,12 +643,21 @@ impl PageState {
                         );
                     }
                 }
-                self.in_flight.insert(id.clone(), url.clone());
+                // An event stream stays open for the page's life: never "in
+                // flight" for the quiet the problems wait for.
+                if p["type"] != "EventSource" {
+                    self.in_flight.insert(id.clone(), url.clone());
+                }
                 self.urls.insert(id, url);
             }
             "Network.responseReceived" => {
                 self.last_network = Instant::now();
                 let r = &p["response"];
+                if r["mimeType"] == "text/event-stream" {
+                    if let Some(id) = p["requestId"].as_str() {
+                        self.in_flight.remove(id);
+                    }
+                }
                 let status = r["status"].as_u64().unwrap_or(0);
                 if status >= 400 {
                     let url = r["url"].as_str().unwrap_or_default().to_string();
@@ -1063,7 +1072,8 @@ impl Page {
     }
 
     /// Waits until the page's network has been quiet for a moment (no request in
-    /// flight, bounded), so that what a load started has been reported.
+    /// flight, bounded), so that what a load started has been reported. Event
+    /// streams (`EventSource`, `text/event-stream`) stay open and do not count.
     pub async fn settle(&self) {
         let deadline = Instant::now() + WAIT;
         loop {
