@@ -532,7 +532,7 @@ struct PageState {
     /// loader id.
     navigations: u64,
     last_loader: Option<String>,
-    /// Requests sent and not finished: id → URL.
+    /// Requests sent and not answered yet: id → URL.
     in_flight: HashMap<String, String>,
     /// Every request's URL by id (for the failure and status messages).
     urls: HashMap<String, String>,
@@ -653,10 +653,10 @@ impl PageState {
             "Network.responseReceived" => {
                 self.last_network = Instant::now();
                 let r = &p["response"];
-                if r["mimeType"] == "text/event-stream" {
-                    if let Some(id) = p["requestId"].as_str() {
-                        self.in_flight.remove(id);
-                    }
+                // Answered: its status is known. (Chromium does not always end
+                // a favicon's or a stream's request with loadingFinished.)
+                if let Some(id) = p["requestId"].as_str() {
+                    self.in_flight.remove(id);
                 }
                 let status = r["status"].as_u64().unwrap_or(0);
                 if status >= 400 {
