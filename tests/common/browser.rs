@@ -645,7 +645,11 @@ impl PageState {
                 }
                 // An event stream stays open for the page's life: never "in
                 // flight" for the quiet the problems wait for.
-                if p["type"] != "EventSource" {
+                // Nor the browser's own favicon fetch, which Chromium may leave
+                // without an answer or an end when the page moves on (its 404 is
+                // still reported when it comes).
+                let favicon = reqwest::Url::parse(&url).is_ok_and(|u| u.path() == "/favicon.ico");
+                if p["type"] != "EventSource" && !favicon {
                     self.in_flight.insert(id.clone(), url.clone());
                 }
                 self.urls.insert(id, url);
