@@ -532,7 +532,7 @@ struct PageState {
     /// loader id.
     navigations: u64,
     last_loader: Option<String>,
-    /// Requests sent and not finished: id → URL.
+    /// Requests sent and not answered yet: id → URL.
     in_flight: HashMap<String, String>,
     /// Every request's URL by id (for the failure and status messages).
     urls: HashMap<String, String>,
@@ -644,17 +644,29 @@ impl PageState {
                     }
                 }
                 // A new document replaces the page: what the old one had in
-                // flight (an events stream, say) is abandoned with it, and
-                // Chromium reports no end for it.
+                // flight is abandoned with it, and Chromium reports no end for it.
                 if p["type"] == "Document" {
                     self.in_flight.clear();
                 }
-                self.in_flight.insert(id.clone(), url.clone());
+                // An event stream stays open for the page's life: never "in
+                // flight" for the quiet the problems wait for.
+                // Nor the browser's own favicon fetch, which Chromium may leave
+                // without an answer or an end when the page moves on (its 404 is
+                // still reported when it comes).
+                let favicon = reqwest::Url::parse(&url).is_ok_and(|u| u.path() == "/favicon.ico");
+                if p["type"] != "EventSource" && !favicon {
+                    self.in_flight.insert(id.clone(), url.clone());
+                }
                 self.urls.insert(id, url);
             }
             "Network.responseReceived" => {
                 self.last_network = Instant::now();
                 let r = &p["response"];
+                // Answered: its status is known. (Chromium does not always end
+                // a favicon's or a stream's request with loadingFinished.)
+                if let Some(id) = p["requestId"].as_str() {
+                    self.in_flight.remove(id);
+                }
                 let status = r["status"].as_u64().unwrap_or(0);
                 if status >= 400 {
                     let url = r["url"].as_str().unwrap_or_default().to_string();
@@ -1069,7 +1081,8 @@ impl Page {
     }
 
     /// Waits until the page's network has been quiet for a moment (no request in
-    /// flight, bounded), so that what a load started has been reported.
+    /// flight, bounded), so that what a load started has been reported. Event
+    /// streams (`EventSource`, `text/event-stream`) stay open and do not count.
     pub async fn settle(&self) {
         let deadline = Instant::now() + WAIT;
         loop {
