@@ -19,9 +19,65 @@ use serde_json::{json, Value};
 use super::{ApiError, AppState, Principal};
 use crate::runner::ReplayRefusal;
 
+/// The UI's replay form (`from_step`, `csrf`) is answered with the new run's
+/// page, or a page saying why not; the API with JSON.
 pub async fn replay(
     State(state): State<Arc<AppState>>,
     Path(id): Path<String>,
+    who: axum::Extension<Principal>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let from_form = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|c| c.starts_with("application/x-www-form-urlencoded"));
+    if !from_form {
+        return replay_json(state, id, who, body)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+    }
+    let field = |k: &str| super::forms::field(&body, k).filter(|v| !v.trim().is_empty());
+    let asked = json!({"from_step": field("from_step"), "by": field("by")});
+    match replay_json(state, id, who, asked.to_string().into()).await {
+        Ok(r) => match r.status() {
+            StatusCode::ACCEPTED => {
+                let new_id = r
+                    .extensions()
+                    .get::<NewRun>()
+                    .map(|n| n.0.clone())
+                    .unwrap_or_default();
+                let mut page = StatusCode::SEE_OTHER.into_response();
+                let to = format!("/ui/runs/{}", crate::ui::path_segment(&new_id));
+                if let Ok(v) = axum::http::HeaderValue::from_str(&to) {
+                    page.headers_mut().insert("location", v);
+                }
+                page
+            }
+            _ => r,
+        },
+        Err(e) => super::ui::refused_page(
+            e.status,
+            "Replay refused",
+            &format!(
+                "{}{}",
+                e.error,
+                e.detail
+                    .as_str()
+                    .map(|d| format!(": {d}"))
+                    .unwrap_or_default()
+            ),
+        ),
+    }
+}
+
+/// The new run's id, handed from the JSON answer to the form's redirect.
+#[derive(Clone)]
+struct NewRun(String);
+
+async fn replay_json(
+    state: Arc<AppState>,
+    id: String,
     axum::Extension(who): axum::Extension<Principal>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -75,11 +131,13 @@ pub async fn replay(
         .await
         .map_err(refusal)?;
     admission.spawn(new_id.clone());
-    Ok((
+    let mut r = (
         StatusCode::ACCEPTED,
         Json(json!({"run_id": new_id, "replay_of": id, "from_step": from_step, "by": by})),
     )
-        .into_response())
+        .into_response();
+    r.extensions_mut().insert(NewRun(new_id));
+    Ok(r)
 }
 
 fn refusal(e: ReplayRefusal) -> ApiError {

@@ -277,11 +277,12 @@ pub async fn run(
         let events = store.events(&run_id)?;
         let journals = store.journals_of_run(&run_id)?;
         let approvals = store.approvals_of_run(&run_id)?;
-        Ok(Some((run, steps, events, journals, approvals)))
+        let replays = store.replays_of(&run_id)?;
+        Ok(Some((run, steps, events, journals, approvals, replays)))
     })
     .await?;
     let frame = frame(&state, &who, s.as_deref()).await?;
-    let Some((run, steps, events, journals, approvals)) = found else {
+    let Some((run, steps, events, journals, approvals, replays)) = found else {
         return Ok(not_found(&frame, "No run has this id."));
     };
     let now = state.engine.now_ms();
@@ -296,7 +297,7 @@ pub async fn run(
             journals: &journals,
             approvals: pending,
             pipeline: pipeline.as_deref(),
-            replays: &[],
+            replays: &replays,
             now,
         },
     );

@@ -140,6 +140,14 @@ impl Store {
         self.read(|conn| query_all(conn, "pipeline_runs", &sql, &args, RunRecord::decode))
     }
 
+    /// The runs that replay `run_id`, oldest first.
+    pub fn replays_of(&self, run_id: &str) -> Result<Vec<RunRecord>, Error> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM pipeline_runs WHERE replay_of = ?1 ORDER BY triggered_at, id"
+        );
+        self.read(|conn| query_all(conn, "pipeline_runs", &sql, &[&run_id], RunRecord::decode))
+    }
+
     /// How many runs have each status, over the whole store (`(status, count)`,
     /// statuses without runs left out). Its cost grows with the store: call it
     /// off the request path (the UI caches it).

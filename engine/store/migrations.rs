@@ -21,10 +21,14 @@ pub(super) const MIGRATIONS: &[(&str, &str)] = &[
     ("0006_agent_journal", AGENT_JOURNAL),
     ("0007_replicas", REPLICAS),
     ("0008_replay_of", REPLAY_OF),
+    ("0009_replay_lookup", REPLAY_LOOKUP),
 ];
 
+/// A run's page lists the runs that replay it: only replays are indexed.
+const REPLAY_LOOKUP: &str = "CREATE INDEX ix_pipeline_runs_replay_of ON pipeline_runs (replay_of) WHERE replay_of IS NOT NULL;";
+
 /// A replay (SPEC 12, `POST /runs/{id}/replay`) names the run it replays; NULL for
-/// every other run. Nothing looks runs up by it, so it has no index.
+/// every other run (looked up through `0009_replay_lookup`).
 const REPLAY_OF: &str = "ALTER TABLE pipeline_runs ADD COLUMN replay_of TEXT;";
 
 /// A run created by `vectorstep run` records the process that owns it (the name of

@@ -332,7 +332,7 @@ pub fn run_page(frame: &Frame, p: &RunPage<'_>) -> Value {
         "resume_count": r.resume_count,
         "fingerprint": r.config_fingerprint,
         "parent_run_id": r.parent_run_id,
-        "replay_of": Value::Null,
+        "replay_of": r.replay_of,
         "replays": p.replays.iter().map(|x| run_row(x, p.now)).collect::<Vec<_>>(),
         "tokens": r.tokens_used,
         "cost_usd": format!("{:.4}", r.cost_usd),
@@ -493,6 +493,7 @@ mod tests {
             terminal_step: None,
             reason: None,
             final_output_json: None,
+            replay_of: None,
         }
     }
 
