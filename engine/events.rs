@@ -600,6 +600,15 @@ impl Event {
     }
 }
 
+/// The name of the event of `variant` (`"RunResumed"` → `run_resumed`), for
+/// code that reads the log back (the UI's resume history).
+pub fn name_of_variant(variant: &str) -> Option<&'static str> {
+    CATALOGUE
+        .iter()
+        .find(|s| s.variant == variant)
+        .map(|s| s.name)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;

@@ -297,7 +297,7 @@ pub fn run_page(frame: &Frame, p: &RunPage<'_>) -> Value {
     let resumes: Vec<Value> = p
         .events
         .iter()
-        .filter(|e| e.event == "run_resumed")
+        .filter(|e| Some(e.event.as_str()) == crate::events::name_of_variant("RunResumed"))
         .map(|e| {
             json!({"ts": rfc3339(e.ts), "msg": e.msg,
                 "fields": serde_json::from_str::<Value>(&e.fields_json).ok()
@@ -326,7 +326,7 @@ pub fn run_page(frame: &Frame, p: &RunPage<'_>) -> Value {
         "title": format!("Run {}", r.id.chars().take(8).collect::<String>()),
         "run": run_row(r, p.now),
         "status": r.status,
-        "running": running,
+        "live": running,
         "completed_at": r.completed_at.map(rfc3339),
         "resumed_at": r.resumed_at.map(rfc3339),
         "resume_count": r.resume_count,
