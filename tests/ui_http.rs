@@ -594,3 +594,126 @@ async fn pipelines_are_listed_with_their_step_graph() {
     assert!(page.text.contains("data-step=\"metrics\""), "{}", page.text);
     assert!(page.text.contains("gather (parallel)"), "{}", page.text);
 }
+
+/// A pipeline whose second step waits for a human.
+fn gated() -> String {
+    "name: gated\nstage: production\ntrigger: {match: {}}\nsteps:\n\
+     \x20 - name: triage\n    executor: mock\n\
+     \x20   executor_config: {output: {confidence: 0.9, summary: t, next_step_context: \"\"}}\n\
+     \x20 - name: approve\n    executor: human\n    timeout_seconds: 300\n\
+     \x20   prompt_template: \"Restart {{ labels.service }}?\"\n"
+        .to_string()
+}
+
+async fn pending_token(s: &Intake, run: &str) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let list = s.get("/approvals").await;
+        if let Some(t) = list.json["approvals"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|a| a["run_id"] == run)
+            .and_then(|a| a["token"].as_str())
+        {
+            return t.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no approval for {run}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Signs `b` in as alice through the token form.
+async fn sign_in(b: &Browserish, s: &Intake) {
+    let (_, form, _) = text(b.get(s.url("/ui/login")).send().await.expect("GET")).await;
+    let r = b
+        .post(s.url("/ui/login"))
+        .form(&[("token", OPERATOR), ("csrf", csrf_of(&form).as_str())])
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 303);
+}
+
+#[tokio::test]
+async fn with_approvers_a_signed_in_operator_decides_on_the_page_and_every_cookie_post_needs_csrf()
+{
+    let extra = format!("{}human_approval: {{approvers: [\"12345\"]}}\n", auth());
+    let mut s = Intake::start("", &extra, &[("gated", gated())]).await;
+    s.bearer = Some(OPERATOR.into());
+    let run = start_run(&s, "gated", json!({"labels": {"service": "web"}})).await;
+    let token = pending_token(&s, &run).await;
+
+    // The link alone shows the request, read-only.
+    let anonymous = browser_like();
+    let (status, page, _) = text(
+        anonymous
+            .get(s.url(&format!("/approvals/{token}")))
+            .send()
+            .await
+            .expect("GET"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(!page.contains("<form"), "{page}");
+    assert!(!page.contains("open the run"), "{page}");
+
+    let b = browser_like();
+    sign_in(&b, &s).await;
+    // Every POST made with the cookie but without its CSRF token is refused,
+    // and changes nothing.
+    for (path, json_body) in [
+        (format!("/runs/{run}/cancel"), false),
+        (format!("/runs/{run}/cancel"), true),
+        (format!("/runs/{run}/replay"), false),
+        ("/ui/logout".to_string(), false),
+        ("/ui/login".to_string(), false),
+        (format!("/approvals/{token}"), true),
+    ] {
+        let req = b.post(s.url(&path));
+        let req = if json_body {
+            req.json(&json!({"decision": "approve", "from_step": "triage"}))
+        } else {
+            req.form(&[("decision", "approve"), ("from_step", "triage")])
+        };
+        let r = req.send().await.expect("POST");
+        assert_eq!(r.status().as_u16(), 403, "{path} json={json_body}");
+    }
+    assert_eq!(s.run(&run).await["status"], "running");
+
+    // Signed in, the approval page shows the form and the way to the run.
+    let (status, page, _) = text(
+        b.get(s.url(&format!("/approvals/{token}")))
+            .send()
+            .await
+            .expect("GET"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("<form") && !page.contains("name=\"by\""),
+        "{page}"
+    );
+    assert!(page.contains(&format!("/ui/runs/{run}")), "{page}");
+    let r = b
+        .post(s.url(&format!("/approvals/{token}")))
+        .form(&[
+            ("csrf", csrf_of(&page).as_str()),
+            ("decision", "approve"),
+            ("by", "eve"),
+        ])
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 200);
+    let done = s.wait_terminal(&run).await;
+    assert_eq!(done["status"], "completed", "{done:#}");
+    assert_eq!(
+        events(&done, "approval_decided")[0]["by"],
+        "alice",
+        "{done:#}"
+    );
+}
