@@ -222,7 +222,7 @@ pub async fn decide(
         }
         let expected = csrf_token(&state, &token).await?;
         let given = get("csrf").unwrap_or_default();
-        if !super::policy::same_secret(given.as_bytes(), expected.as_bytes()) {
+        if !super::secret::same_secret(given.as_bytes(), expected.as_bytes()) {
             return Ok(page_html(
                 StatusCode::FORBIDDEN,
                 "Form expired",

@@ -47,16 +47,11 @@ pub async fn replay(
                     .get::<NewRun>()
                     .map(|n| n.0.clone())
                     .unwrap_or_default();
-                let mut page = StatusCode::SEE_OTHER.into_response();
-                let to = format!("/ui/runs/{}", crate::ui::path_segment(&new_id));
-                if let Ok(v) = axum::http::HeaderValue::from_str(&to) {
-                    page.headers_mut().insert("location", v);
-                }
-                page
+                super::page::see_other(&format!("/ui/runs/{}", crate::ui::path_segment(&new_id)))
             }
             _ => r,
         },
-        Err(e) => super::ui::refused_page(
+        Err(e) => super::page::refused_page(
             e.status,
             "Replay refused",
             &format!(

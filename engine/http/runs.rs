@@ -91,7 +91,7 @@ pub async fn cancel(
     let page = format!("/ui/runs/{}", crate::ui::path_segment(&id));
     if run.status != RunStatus::Running {
         if from_form {
-            return Ok(see_other(&page));
+            return Ok(super::page::see_other(&page));
         }
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -115,19 +115,10 @@ pub async fn cancel(
     }
     state.engine.cancel_by(&id, by.as_deref());
     if from_form {
-        return Ok(see_other(&page));
+        return Ok(super::page::see_other(&page));
     }
     Ok(Json(
         json!({"status": "cancelling", "run_id": id, "by": by, "detail": "the run stops at its next step boundary"}),
     )
     .into_response())
-}
-
-fn see_other(location: &str) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    let mut r = StatusCode::SEE_OTHER.into_response();
-    if let Ok(v) = axum::http::HeaderValue::from_str(location) {
-        r.headers_mut().insert("location", v);
-    }
-    r
 }

@@ -125,7 +125,7 @@ pub fn verify(
     };
     let signed = format!("{kind}.{name_hex}.{nonce}.{expires}");
     let expected = mac(page_key, &signed, &digest);
-    super::policy::same_secret(given.as_bytes(), expected.as_bytes()).then(|| Session {
+    super::secret::same_secret(given.as_bytes(), expected.as_bytes()).then(|| Session {
         holder,
         value: value.to_string(),
         expires,
@@ -141,7 +141,7 @@ pub fn csrf_token(page_key: &[u8; 32], session_value: &str) -> String {
 
 /// Whether `given` is the CSRF token of this session.
 pub fn csrf_valid(page_key: &[u8; 32], session_value: &str, given: &str) -> bool {
-    super::policy::same_secret(
+    super::secret::same_secret(
         given.as_bytes(),
         csrf_token(page_key, session_value).as_bytes(),
     )
