@@ -75,13 +75,24 @@ fn duration(ms: i64) -> String {
     }
 }
 
+/// When iteration `iteration` (from 2) of the looping step `step` began: its
+/// `loop_iteration` event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoopStart {
+    pub step: String,
+    pub iteration: u32,
+    pub at: UnixMillis,
+}
+
 /// Lays the run out: `start` is when the run was triggered, `end` when it
-/// finished (or now, for a run still going).
+/// finished (or now, for a run still going). A looping step's iterations are
+/// rows beneath it, each from its start to the next one's.
 pub fn layout(
     start: UnixMillis,
     end: UnixMillis,
     steps: &[StepRecord],
     journals: &[StepJournal],
+    loops: &[LoopStart],
 ) -> Timeline {
     let first = steps.iter().map(|s| s.started_at).min().unwrap_or(start);
     let t0 = start.min(first);
@@ -153,6 +164,32 @@ pub fn layout(
             s.started_at,
             s.finished_at,
         );
+        let mut starts: Vec<(u32, i64)> = loops
+            .iter()
+            .filter(|l| l.step == s.step_path)
+            .map(|l| (l.iteration, l.at))
+            .collect();
+        if !starts.is_empty() {
+            starts.push((1, s.started_at));
+            starts.sort_unstable();
+            for (i, (n, at)) in starts.iter().enumerate() {
+                let until = starts.get(i + 1).map(|(_, t)| *t).or(s.finished_at);
+                let status = if i + 1 < starts.len() {
+                    "completed".to_string()
+                } else {
+                    s.status.as_str().to_string()
+                };
+                push(
+                    format!("iteration {n}"),
+                    &s.step_path,
+                    depth + 1,
+                    "iteration",
+                    status,
+                    *at,
+                    until,
+                );
+            }
+        }
         if let Some(j) = journals.iter().find(|j| j.step_path == s.step_path) {
             for t in j.turns.iter().filter(|t| t.step_path == s.step_path) {
                 push(
@@ -263,7 +300,7 @@ mod tests {
             rec("per/0", 1, StepKind::FanOutBranch, 100, Some(200)),
             rec("notify", 2, StepKind::Step, 300, None),
         ];
-        let t = layout(0, 400, &steps, &[]);
+        let t = layout(0, 400, &steps, &[], &[]);
         let got: Vec<(&str, &str, u32)> = t
             .rows
             .iter()
@@ -345,6 +382,7 @@ mod tests {
             100,
             &[rec("triage", 0, StepKind::Step, 0, Some(100))],
             &[journal],
+            &[],
         );
         let got: Vec<(&str, &str, u32)> = t
             .rows
@@ -365,10 +403,44 @@ mod tests {
     }
 
     #[test]
+    fn a_looping_steps_iterations_follow_each_other_beneath_it() {
+        let mut looped = rec("refine", 0, StepKind::Step, 0, Some(90));
+        looped.iteration = 3;
+        let loops = [
+            LoopStart {
+                step: "refine".into(),
+                iteration: 3,
+                at: 60,
+            },
+            LoopStart {
+                step: "refine".into(),
+                iteration: 2,
+                at: 30,
+            },
+        ];
+        let t = layout(0, 90, &[looped], &[], &loops);
+        let got: Vec<(&str, f64)> = t.rows.iter().map(|r| (r.label.as_str(), r.x)).collect();
+        assert_eq!(got.len(), 4);
+        assert_eq!(
+            got.iter().map(|(l, _)| *l).collect::<Vec<_>>(),
+            ["refine", "iteration 1", "iteration 2", "iteration 3"]
+        );
+        assert!(got[1].1 < got[2].1 && got[2].1 < got[3].1);
+        let unit = (WIDTH - LABEL_WIDTH) / 90.0;
+        assert!((t.rows[2].width - 30.0 * unit).abs() < 1e-9);
+    }
+
+    #[test]
     fn an_instant_step_stays_visible_and_an_empty_run_draws_nothing() {
-        let t = layout(0, 10_000, &[rec("a", 0, StepKind::Step, 5, Some(5))], &[]);
+        let t = layout(
+            0,
+            10_000,
+            &[rec("a", 0, StepKind::Step, 5, Some(5))],
+            &[],
+            &[],
+        );
         assert_eq!(t.rows[0].width, 2.0);
-        let empty = layout(50, 50, &[], &[]);
+        let empty = layout(50, 50, &[], &[], &[]);
         assert!(empty.rows.is_empty());
         assert_eq!(empty.span_ms, 1);
     }

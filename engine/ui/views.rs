@@ -263,11 +263,25 @@ pub fn run_page(frame: &Frame, p: &RunPage<'_>) -> Value {
     let r = p.run;
     let t = trigger_of(r);
     let end = r.completed_at.unwrap_or(p.now);
-    let drawing = timeline::layout(r.triggered_at, end, p.steps, p.journals);
+    let loop_event = crate::events::name_of_variant("LoopIteration");
+    let loops: Vec<timeline::LoopStart> = p
+        .events
+        .iter()
+        .filter(|e| Some(e.event.as_str()) == loop_event)
+        .filter_map(|e| {
+            let f: Value = serde_json::from_str(&e.fields_json).ok()?;
+            Some(timeline::LoopStart {
+                step: f.get("step")?.as_str()?.to_string(),
+                iteration: u32::try_from(f.get("iteration")?.as_u64()?).ok()?,
+                at: e.ts,
+            })
+        })
+        .collect();
+    let drawing = timeline::layout(r.triggered_at, end, p.steps, p.journals, &loops);
     let labels: Vec<(String, String)> = drawing
         .rows
         .iter()
-        .filter(|row| row.kind != "turn" && row.kind != "tool_call")
+        .filter(|row| !matches!(row.kind, "turn" | "tool_call" | "iteration"))
         .map(|row| (row.path.clone(), row.label.clone()))
         .collect();
     let label_of = |path: &str| {
