@@ -27,14 +27,21 @@ const COUNTS_MAX_AGE: Duration = Duration::from_secs(3);
 const PAGE_SIZE: u32 = 50;
 const RECENT_RUNS: u32 = 50;
 
+/// Runs by status, `(status, count)`.
+type Counts = Vec<(String, u64)>;
+
+/// The counts and when they were read (`None` before the first read), and
+/// whether a refresh is under way.
+type CountsState = (Option<(Instant, Counts)>, bool);
+
 /// The counts of the runs list, kept between requests.
 #[derive(Default)]
 pub struct CountsCache {
-    inner: std::sync::Mutex<(Option<(Instant, Vec<(String, u64)>)>, bool)>,
+    inner: std::sync::Mutex<CountsState>,
 }
 
 impl CountsCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Option<(Instant, Vec<(String, u64)>)>, bool)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CountsState> {
         match self.inner.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),

@@ -119,6 +119,8 @@ impl ListFilters {
     }
 }
 
+// One argument per part of the page, each from a different source.
+#[allow(clippy::too_many_arguments)]
 pub fn runs_page(
     frame: &Frame,
     runs: &[RunRecord],
@@ -375,9 +377,8 @@ pub fn recent_stats(runs: &[RunRecord]) -> RecentStats {
         .iter()
         .filter(|r| r.status != RunStatus::Running)
         .count();
-    if finished > 0 {
-        s.success_rate = Some((s.completed * 100 / finished) as u32);
-    }
+    // No finished run, no rate.
+    s.success_rate = (s.completed * 100).checked_div(finished).map(|r| r as u32);
     durations.sort_unstable();
     let pick = |q: f64| -> Option<String> {
         if durations.is_empty() {
