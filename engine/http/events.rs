@@ -71,12 +71,10 @@ impl Follow {
             self.last_read = Some(Instant::now());
             let store = self.state.engine.store.clone();
             let (id, after) = (self.run_id.clone(), self.after);
+            // The status is read after the events: a run that finished has its
+            // last events committed with its status, so nothing can follow.
             let read = tokio::task::spawn_blocking(move || {
-                let events = store.events_after(&id, after, BATCH)?;
-                // Read after the events: a run that finished has its last
-                // events committed with its status, so nothing can follow.
-                let status = store.run(&id)?.map(|r| r.status);
-                Ok::<_, crate::store::Error>((events, status))
+                store.events_after_and_status(&id, after, BATCH)
             })
             .await;
             let (events, status) = match read {

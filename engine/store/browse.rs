@@ -4,12 +4,15 @@
 //! `limit` rows), counts by status, a pipeline's recent runs, and the run log after
 //! a given event id (the events stream).
 
-use super::connection::{query_all, Cols};
+use super::connection::{query_all, query_opt, Cols};
 use super::events::EventRecord;
 use super::runs::{RunRecord, COLUMNS};
 use super::sql::Bind;
 use super::{Error, Store};
-use crate::domain::UnixMillis;
+use crate::domain::{RunStatus, UnixMillis};
+
+const EVENTS_AFTER: &str = "SELECT id, run_id, ts, level, event, msg, fields_json FROM run_events \
+     WHERE run_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3";
 
 /// Where a page of the runs list starts: after the run `(triggered_at, id)`, in
 /// the list's order (newest first, then id descending).
@@ -176,11 +179,39 @@ impl Store {
             query_all(
                 conn,
                 "run_events",
-                "SELECT id, run_id, ts, level, event, msg, fields_json FROM run_events \
-                 WHERE run_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+                EVENTS_AFTER,
                 &[&run_id, &after_id, &limit],
                 EventRecord::decode,
             )
+        })
+    }
+
+    /// [`Store::events_after`], then the run's status (`None`: no such run),
+    /// read after the events on the same connection: one look of the events
+    /// stream. The status column only, not the whole row.
+    pub fn events_after_and_status(
+        &self,
+        run_id: &str,
+        after_id: i64,
+        limit: u32,
+    ) -> Result<(Vec<EventRecord>, Option<RunStatus>), Error> {
+        let limit = i64::from(limit.max(1));
+        self.read(|conn| {
+            let events = query_all(
+                conn,
+                "run_events",
+                EVENTS_AFTER,
+                &[&run_id, &after_id, &limit],
+                EventRecord::decode,
+            )?;
+            let status = query_opt(
+                conn,
+                "pipeline_runs",
+                "SELECT status FROM pipeline_runs WHERE id = ?1",
+                &[&run_id],
+                |c: &Cols| c.word("status"),
+            )?;
+            Ok((events, status))
         })
     }
 }

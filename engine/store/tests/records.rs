@@ -537,3 +537,39 @@ fn a_corrupt_row_is_an_error_naming_table_and_column() {
     }
     assert_eq!(store.integrity_check().unwrap(), "ok");
 }
+
+#[test]
+fn events_after_and_status_reads_a_look_of_the_events_stream() {
+    let (_dir, store) = open_temp();
+    assert_eq!(
+        store.events_after_and_status("r1", 0, 10).expect("read"),
+        (Vec::new(), None)
+    );
+    commit(
+        &store,
+        vec![
+            Write::InsertRun(run("r1")),
+            Write::AppendEvent(event("r1", "one")),
+            Write::AppendEvent(event("r1", "two")),
+            Write::AppendEvent(event("r1", "three")),
+            Write::InsertRun(run("r2")),
+            Write::AppendEvent(event("r2", "other")),
+        ],
+    );
+    let (all, status) = store.events_after_and_status("r1", 0, 10).expect("read");
+    assert_eq!(status, Some(RunStatus::Running));
+    let msgs = |es: &[EventRecord]| es.iter().map(|e| e.msg.clone()).collect::<Vec<_>>();
+    assert_eq!(msgs(&all), ["one", "two", "three"]);
+    assert_eq!(all, store.events_after("r1", 0, 10).expect("read"));
+    let (rest, _) = store
+        .events_after_and_status("r1", all[0].id, 10)
+        .expect("read");
+    assert_eq!(msgs(&rest), ["two", "three"]);
+    let (first_two, _) = store.events_after_and_status("r1", 0, 2).expect("read");
+    assert_eq!(msgs(&first_two), ["one", "two"]);
+    let (none, status) = store
+        .events_after_and_status("r1", all[2].id, 10)
+        .expect("read");
+    assert!(none.is_empty());
+    assert_eq!(status, Some(RunStatus::Running));
+}
