@@ -3,11 +3,12 @@
 //! Every event carries its `run_events` id as `id:`, so a client that reconnects
 //! with `Last-Event-ID` (or asks `?after=ID`) gets exactly what it missed. The
 //! stream reads the store, not the engine's memory: it follows a run whichever
-//! process or replica drives it. It reads again when this process committed
-//! something (a counter of the store's transactions, checked every
-//! [`TICK`]), and at least every [`FOREIGN_POLL`] for writers it cannot see.
-//! When the run is no longer `running` and its log is read to the end, an
-//! `end` event closes the stream.
+//! process or replica drives it. It reads again as soon as this process commits
+//! to the run's log (`Store::watch_run`: other runs' commits do not wake it), and
+//! at least every [`FOREIGN_POLL`] for writers it cannot see (another replica, a
+//! `vectorstep run`). When the run is no longer `running` and its log has stayed
+//! read to the end for [`FOREIGN_POLL`] (a notification's outcome is logged just
+//! after the run's last commit), an `end` event closes the stream.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -24,7 +25,6 @@ use futures::stream::{self, Stream, StreamExt};
 use super::{ApiError, AppState};
 use crate::domain::RunStatus;
 
-const TICK: Duration = Duration::from_millis(200);
 const FOREIGN_POLL: Duration = Duration::from_secs(1);
 /// Events read at once; a long log arrives in several reads.
 const BATCH: u32 = 500;
@@ -44,14 +44,19 @@ struct Follow {
     state: Arc<AppState>,
     run_id: String,
     after: i64,
-    seen_commits: u64,
-    last_read: Option<Instant>,
+    watch: crate::store::RunWatch,
+    /// Since when the run has been finished with nothing left to send.
+    finished_quiet: Option<Instant>,
     done: bool,
 }
 
 impl Follow {
-    fn commits(&self) -> u64 {
-        self.state.engine.store.stats().transactions_committed
+    /// Until this process commits to the run's log, or the poll is due.
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.watch.changed() => {}
+            _ = tokio::time::sleep(FOREIGN_POLL) => {}
+        }
     }
 
     /// Waits until there may be something new, then reads it. `None` ends the
@@ -61,14 +66,6 @@ impl Follow {
             if self.done || !self.state.accepting.load(Ordering::SeqCst) {
                 return None;
             }
-            let due = self.last_read.is_none_or(|t| t.elapsed() >= FOREIGN_POLL);
-            let commits = self.commits();
-            if !due && commits == self.seen_commits {
-                tokio::time::sleep(TICK).await;
-                continue;
-            }
-            self.seen_commits = commits;
-            self.last_read = Some(Instant::now());
             let store = self.state.engine.store.clone();
             let (id, after) = (self.run_id.clone(), self.after);
             // The status is read after the events: a run that finished has its
@@ -88,6 +85,7 @@ impl Follow {
             };
             if let Some(last) = events.last() {
                 self.after = last.id;
+                self.finished_quiet = None;
                 let out = events
                     .iter()
                     .map(|e| {
@@ -99,12 +97,15 @@ impl Follow {
                 return Some(out);
             }
             if status != Some(RunStatus::Running) {
-                self.done = true;
-                return Some(vec![SseEvent::default().event("end").data(
-                    serde_json::json!({"status": status.map(|s| s.as_str())}).to_string(),
-                )]);
+                let quiet = *self.finished_quiet.get_or_insert_with(Instant::now);
+                if quiet.elapsed() >= FOREIGN_POLL {
+                    self.done = true;
+                    return Some(vec![SseEvent::default().event("end").data(
+                        serde_json::json!({"status": status.map(|s| s.as_str())}).to_string(),
+                    )]);
+                }
             }
-            tokio::time::sleep(TICK).await;
+            self.wait().await;
         }
     }
 }
@@ -119,11 +120,11 @@ pub async fn stream(
         return Err(ApiError::new(StatusCode::NOT_FOUND, "run not found"));
     }
     let follow = Follow {
-        seen_commits: 0,
+        watch: state.engine.store.watch_run(&id),
         after: resume_after(&headers, &q),
         state,
         run_id: id,
-        last_read: None,
+        finished_quiet: None,
         done: false,
     };
     Ok(Sse::new(events(follow))

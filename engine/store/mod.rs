@@ -83,6 +83,7 @@ mod replicas;
 mod runs;
 mod sql;
 mod steps;
+mod watch;
 mod writer;
 
 #[cfg(test)]
@@ -110,6 +111,7 @@ pub use replicas::{LeaseRecord, NamedLeaseRecord, ReplicaKind, ReplicaRecord, Ru
 pub use runs::{DuplicateOf, RunFilter, RunRecord};
 pub use sql::CopyValue;
 pub use steps::StepRecord;
+pub use watch::RunWatch;
 pub use writer::{Outcome, Rejected, StoreStats, Write};
 
 use connection::ReadPool;
@@ -311,6 +313,17 @@ impl Store {
     }
 
     /// Counters of the write path since this store was opened.
+    /// Follows a run's log: the watch resolves after each commit of this
+    /// process that appends to it (`watch`).
+    pub fn watch_run(&self, run_id: &str) -> RunWatch {
+        self.inner.writer.watchers.subscribe(run_id)
+    }
+
+    /// How many runs' logs are followed (`watch_run`).
+    pub fn followed_runs(&self) -> usize {
+        self.inner.writer.watchers.followed()
+    }
+
     pub fn stats(&self) -> StoreStats {
         self.inner.writer.counters.snapshot()
     }

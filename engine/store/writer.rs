@@ -594,6 +594,8 @@ pub(super) struct Writer {
     tx: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     pub(super) counters: Arc<Counters>,
+    /// The followers of runs' logs, woken after the commits that append to them.
+    pub(super) watchers: Arc<super::watch::RunWatchers>,
 }
 
 impl Writer {
@@ -617,6 +619,8 @@ impl Writer {
         let (tx, rx) = mpsc::channel::<Job>();
         let counters = Arc::new(Counters::default());
         let thread_counters = Arc::clone(&counters);
+        let watchers = Arc::new(super::watch::RunWatchers::default());
+        let thread_watchers = Arc::clone(&watchers);
         let thread = std::thread::Builder::new()
             .name("vectorstep-store-writer".into())
             .spawn(move || {
@@ -624,6 +628,7 @@ impl Writer {
                     backend,
                     counters: &thread_counters,
                     health,
+                    watchers: &thread_watchers,
                 };
                 w.run(rx)
             })
@@ -632,6 +637,7 @@ impl Writer {
             tx: Some(tx),
             thread: Some(thread),
             counters,
+            watchers,
         })
     }
 
@@ -669,6 +675,7 @@ struct Thread<'a, B> {
     backend: B,
     counters: &'a Counters,
     health: Arc<Health>,
+    watchers: &'a super::watch::RunWatchers,
 }
 
 impl<B: GroupCommit> Thread<'_, B> {
@@ -748,6 +755,19 @@ impl<B: GroupCommit> Thread<'_, B> {
                         batches = results.len(),
                         committed = ok,
                         "Store group committed."
+                    );
+                    // The runs whose log grew wake their followers.
+                    self.watchers.committed(
+                        jobs.iter()
+                            .zip(&results)
+                            .filter(|(_, r)| r.is_ok())
+                            .flat_map(|(j, _)| j.writes.iter())
+                            .filter_map(|w| match w {
+                                Write::AppendEvent(e) | Write::AppendEventIfInserted(e) => {
+                                    Some(e.run_id.as_str())
+                                }
+                                _ => None,
+                            }),
                     );
                     for (job, result) in jobs.into_iter().zip(results) {
                         let reply = result.map_err(|error| Rejected {
