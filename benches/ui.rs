@@ -173,6 +173,7 @@ fn fill(store: &Store, n: usize, now: i64) {
             terminal_step: Some(if failed { "s7" } else { "s199" }.into()),
             reason: failed.then(|| "step s7 failed: mock failure".into()),
             final_output_json: None,
+            replay_of: None,
         }));
         if batch.len() == FILL_BATCH || i + 1 == n {
             store

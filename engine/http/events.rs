@@ -3,8 +3,9 @@
 //! Every event carries its `run_events` id as `id:`, so a client that reconnects
 //! with `Last-Event-ID` (or asks `?after=ID`) gets exactly what it missed. The
 //! stream reads the store, not the engine's memory: it follows a run whichever
-//! process or replica drives it. It reads again as soon as this process commits
-//! to the run's log (`Store::watch_run`: other runs' commits do not wake it), and
+//! process or replica drives it. It reads again when this process commits to
+//! the run's log (`Store::watch_run`: other runs' commits do not wake it; at
+//! most every [`MIN_INTERVAL`], so one read carries a busy run's commits), and
 //! at least every [`FOREIGN_POLL`] for writers it cannot see (another replica, a
 //! `vectorstep run`). When the run is no longer `running` and its log has stayed
 //! read to the end for [`FOREIGN_POLL`] (a notification's outcome is logged just
@@ -26,6 +27,9 @@ use super::{ApiError, AppState};
 use crate::domain::RunStatus;
 
 const FOREIGN_POLL: Duration = Duration::from_secs(1);
+/// The shortest time between two reads of a follower woken by its run: a busy
+/// run commits several times per step, and one read then carries them all.
+const MIN_INTERVAL: Duration = Duration::from_millis(200);
 /// Events read at once; a long log arrives in several reads.
 const BATCH: u32 = 500;
 
@@ -47,15 +51,21 @@ struct Follow {
     watch: crate::store::RunWatch,
     /// Since when the run has been finished with nothing left to send.
     finished_quiet: Option<Instant>,
+    last_read: Instant,
     done: bool,
 }
 
 impl Follow {
-    /// Until this process commits to the run's log, or the poll is due.
+    /// Until this process commits to the run's log, or the poll is due; never
+    /// sooner than [`MIN_INTERVAL`] after the last read.
     async fn wait(&mut self) {
         tokio::select! {
             _ = self.watch.changed() => {}
             _ = tokio::time::sleep(FOREIGN_POLL) => {}
+        }
+        let since = self.last_read.elapsed();
+        if since < MIN_INTERVAL {
+            tokio::time::sleep(MIN_INTERVAL - since).await;
         }
     }
 
@@ -66,6 +76,7 @@ impl Follow {
             if self.done || !self.state.accepting.load(Ordering::SeqCst) {
                 return None;
             }
+            self.last_read = Instant::now();
             let store = self.state.engine.store.clone();
             let (id, after) = (self.run_id.clone(), self.after);
             // The status is read after the events: a run that finished has its
@@ -125,6 +136,7 @@ pub async fn stream(
         state,
         run_id: id,
         finished_quiet: None,
+        last_read: Instant::now(),
         done: false,
     };
     Ok(Sse::new(events(follow))

@@ -68,13 +68,21 @@ fn trigger_of(run: &RunRecord) -> Normalised {
     })
 }
 
+/// The part of a run id that tells runs apart at a glance: its last 8
+/// characters (a UUIDv7 begins with its time, the same for runs started
+/// together).
+pub fn short_id(id: &str) -> String {
+    let chars: Vec<char> = id.chars().collect();
+    chars[chars.len().saturating_sub(8)..].iter().collect()
+}
+
 /// A run as one row of a list.
 pub fn run_row(r: &RunRecord, now: i64) -> Value {
     let t = trigger_of(r);
     let end = r.completed_at.unwrap_or(now);
     json!({
         "id": r.id,
-        "short": r.id.chars().take(8).collect::<String>(),
+        "short": short_id(&r.id),
         "pipeline": r.pipeline_name,
         "status": r.status,
         "team": r.team,
@@ -337,7 +345,7 @@ pub fn run_page(frame: &Frame, p: &RunPage<'_>) -> Value {
     let running = r.status == RunStatus::Running;
     json!({
         "frame": frame,
-        "title": format!("Run {}", r.id.chars().take(8).collect::<String>()),
+        "title": format!("Run {}", short_id(&r.id)),
         "run": run_row(r, p.now),
         "status": r.status,
         "live": running,
@@ -544,6 +552,12 @@ mod tests {
         assert_eq!(row["ago"], "2 min ago");
         assert_eq!(row["duration"], "2 min 5 s");
         assert_eq!(relative(0, 7_200_000), "in 2 h");
+    }
+
+    #[test]
+    fn short_ids_are_the_random_end_of_the_id() {
+        assert_eq!(short_id("01a23b6e-5f2a-7000-8000-0123456789ab"), "456789ab");
+        assert_eq!(short_id("abc"), "abc");
     }
 
     #[test]
