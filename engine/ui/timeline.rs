@@ -175,7 +175,7 @@ pub fn layout(
             for (i, (n, at)) in starts.iter().enumerate() {
                 let until = starts.get(i + 1).map(|(_, t)| *t).or(s.finished_at);
                 let status = if i + 1 < starts.len() {
-                    "completed".to_string()
+                    crate::domain::StepStatus::Completed.as_str().to_string()
                 } else {
                     s.status.as_str().to_string()
                 };
