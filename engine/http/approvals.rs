@@ -326,11 +326,7 @@ pub async fn decide(
     if let (true, Some(back), Outcome::ApprovalDecided | Outcome::ApprovalAlreadyDecided { .. }) =
         (is_form, &return_to, &outcome)
     {
-        let mut r = StatusCode::SEE_OTHER.into_response();
-        if let Ok(v) = HeaderValue::from_str(back) {
-            r.headers_mut().insert("location", v);
-        }
-        return Ok(r);
+        return Ok(super::page::see_other(back));
     }
     if is_form {
         return Ok(match outcome {

@@ -49,3 +49,27 @@ mod tests {
         assert!(found.is_empty(), "run/ must stay pure: {found:#?}");
     }
 }
+
+/// What the table tests of `plan` and `replay` share.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::sync::Arc;
+
+    use crate::config::Config;
+    use crate::pipeline::model::Pipeline;
+    use crate::pipeline::{self, PipelineSet};
+
+    /// Loads one pipeline from YAML (mock and human steps only, so no config is
+    /// needed).
+    pub fn pipeline(yaml: &str) -> Arc<Pipeline> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        let config = Config {
+            step_library_dir: dir.path().join("no-library"),
+            ..Config::default()
+        };
+        let (set, d): (Option<PipelineSet>, _) = pipeline::load(&[file], &config);
+        set.unwrap_or_else(|| panic!("{d}")).pipelines[0].clone()
+    }
+}

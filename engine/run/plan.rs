@@ -263,21 +263,8 @@ fn group<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::pipeline::{self, PipelineSet};
 
-    /// Loads one pipeline from YAML (mock steps only, so no config is needed).
-    fn pipeline(yaml: &str) -> std::sync::Arc<Pipeline> {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("p.yaml");
-        std::fs::write(&file, yaml).unwrap();
-        let config = Config {
-            step_library_dir: dir.path().join("no-library"),
-            ..Config::default()
-        };
-        let (set, d): (Option<PipelineSet>, _) = pipeline::load(&[file], &config);
-        set.unwrap_or_else(|| panic!("{d}")).pipelines[0].clone()
-    }
+    use crate::run::test_support::pipeline;
 
     fn rec(path: &str, status: &str, attempts: u32) -> StepRecord {
         StepRecord {

@@ -237,22 +237,9 @@ pub fn rebase_journal(j: &StepJournal, new_run_id: &str) -> StepJournal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     use crate::domain::StepKind;
-    use crate::pipeline::{self, PipelineSet};
 
-    /// Loads one pipeline from YAML (mock and human steps only: no config needed).
-    fn pipeline(yaml: &str) -> std::sync::Arc<Pipeline> {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("p.yaml");
-        std::fs::write(&file, yaml).unwrap();
-        let config = Config {
-            step_library_dir: dir.path().join("no-library"),
-            ..Config::default()
-        };
-        let (set, d): (Option<PipelineSet>, _) = pipeline::load(&[file], &config);
-        set.unwrap_or_else(|| panic!("{d}")).pipelines[0].clone()
-    }
+    use crate::run::test_support::pipeline;
 
     /// `a`, a parallel group `g` (x, y), a fan-out `fo`, a human step `ok`, then `h`.
     const SHAPES: &str = "name: p\ntrigger: {}\nsteps:\n  - {name: a, executor: mock}\n  - parallel:\n      name: g\n      steps:\n        - {name: x, executor: mock}\n        - {name: y, executor: mock}\n  - fan_out: {name: fo, over: '[1, 2]', executor: mock}\n  - {name: ok, executor: human, prompt_template: go?}\n  - {name: h, executor: mock}\n";
