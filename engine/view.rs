@@ -88,6 +88,39 @@ pub fn log_entry(e: &EventRecord) -> Value {
     Value::Object(m)
 }
 
+/// [`log_entry`] with its `id`, as JSON text, written without parsing the
+/// stored fields: the events stream sends one per event to every follower, and
+/// parsing then re-serialising the fields was most of its cost. The stored
+/// fields come first and the entry's own keys after them, so a field of the same
+/// name is overridden, as in [`log_entry`] (JSON readers keep the last key).
+/// Fields that are not a JSON object's text are left out, as there.
+pub fn log_entry_json(e: &EventRecord) -> String {
+    let fields = e.fields_json.trim();
+    let inner = fields
+        .strip_prefix('{')
+        .and_then(|f| f.strip_suffix('}'))
+        .map(str::trim);
+    let mut out = String::with_capacity(fields.len() + e.msg.len() + 96);
+    out.push('{');
+    if let Some(inner) = inner.filter(|i| !i.is_empty()) {
+        out.push_str(inner);
+        out.push(',');
+    }
+    let text = |v: &str| serde_json::to_string(v).unwrap_or_else(|_| "\"\"".into());
+    out.push_str("\"ts\":");
+    out.push_str(&text(&rfc3339(e.ts)));
+    out.push_str(",\"level\":");
+    out.push_str(&text(&e.level));
+    out.push_str(",\"event\":");
+    out.push_str(&text(&e.event));
+    out.push_str(",\"msg\":");
+    out.push_str(&text(&e.msg));
+    out.push_str(",\"id\":");
+    out.push_str(&e.id.to_string());
+    out.push('}');
+    out
+}
+
 /// `journals` are the agent steps' journals (`Store::journals_of_run`): each such
 /// step gets its `turns`, with their tool calls.
 pub fn run_detail(
@@ -431,6 +464,38 @@ pub fn replica_table(body: &Value) -> String {
 mod tests {
     use super::*;
     use crate::store::ReplicaKind;
+
+    #[test]
+    fn a_log_entry_written_without_parsing_reads_as_the_parsed_one() {
+        let cases = [
+            r#"{"step":"triage","attempt":2}"#,
+            "{}",
+            "",
+            " { \"nested\": {\"a\": [1, \"}\"]} } ",
+            r#"{"msg":"a field named like the entry's own key"}"#,
+            "[1, 2]",
+            "not json",
+        ];
+        for fields in cases {
+            let e = EventRecord {
+                id: 42,
+                run_id: "r1".into(),
+                ts: 1_700_000_000_123,
+                level: "INFO".into(),
+                event: "step_finished".into(),
+                msg: "quote \" and <script> and \n newline".into(),
+                fields_json: fields.into(),
+            };
+            let mut want = log_entry(&e);
+            want["id"] = 42.into();
+            let text = log_entry_json(&e);
+            let got: Value = serde_json::from_str(&text).unwrap_or_else(|err| {
+                panic!("{fields:?} gave text that is not JSON: {text} ({err})")
+            });
+            assert_eq!(got, want, "fields {fields:?}");
+            assert!(!text.contains('\n'), "one SSE data line: {text}");
+        }
+    }
 
     fn replica(id: &str, heartbeat_at: i64, stopped_at: Option<i64>) -> ReplicaRecord {
         ReplicaRecord {

@@ -32,6 +32,13 @@ const FOREIGN_POLL: Duration = Duration::from_secs(1);
 const MIN_INTERVAL: Duration = Duration::from_millis(200);
 /// Events read at once; a long log arrives in several reads.
 const BATCH: u32 = 500;
+/// How many followers read the store at once. One commit wakes every follower
+/// of the runs it touched; unbounded, a hundred of them would each take a
+/// blocking thread and a reader connection (the pool keeps a few, the rest are
+/// opened and closed again), which cost more than the reads. Queued followers
+/// wait their turn on a warm connection instead; pages and the API keep the
+/// rest of the pool.
+pub(super) const STREAM_READS: usize = 2;
 
 /// Where a (re)connecting client resumes: `Last-Event-ID` wins over `?after=`.
 pub fn resume_after(headers: &HeaderMap, query: &HashMap<String, String>) -> i64 {
@@ -76,8 +83,12 @@ impl Follow {
             if self.done || !self.state.accepting.load(Ordering::SeqCst) {
                 return None;
             }
+            let state = Arc::clone(&self.state);
+            let Ok(turn) = state.stream_reads.acquire().await else {
+                return None;
+            };
             self.last_read = Instant::now();
-            let store = self.state.engine.store.clone();
+            let store = state.engine.store.clone();
             let (id, after) = (self.run_id.clone(), self.after);
             // The status is read after the events: a run that finished has its
             // last events committed with its status, so nothing can follow.
@@ -85,6 +96,7 @@ impl Follow {
                 store.events_after_and_status(&id, after, BATCH)
             })
             .await;
+            drop(turn);
             let (events, status) = match read {
                 Ok(Ok(r)) => r,
                 Ok(Err(e)) => {
@@ -100,9 +112,9 @@ impl Follow {
                 let out = events
                     .iter()
                     .map(|e| {
-                        let mut v = crate::view::log_entry(e);
-                        v["id"] = e.id.into();
-                        SseEvent::default().id(e.id.to_string()).data(v.to_string())
+                        SseEvent::default()
+                            .id(e.id.to_string())
+                            .data(crate::view::log_entry_json(e))
                     })
                     .collect();
                 return Some(out);

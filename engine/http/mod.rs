@@ -44,6 +44,8 @@ pub struct AppState {
     page_key: tokio::sync::OnceCell<[u8; 32]>,
     /// The runs list's counts by status, refreshed at most every few seconds.
     counts: ui::CountsCache,
+    /// Store reads the events streams may make at once (`events::STREAM_READS`).
+    stream_reads: tokio::sync::Semaphore,
 }
 
 impl AppState {
@@ -57,6 +59,7 @@ impl AppState {
             accepting: AtomicBool::new(true),
             metrics,
             page_key: tokio::sync::OnceCell::new(),
+            stream_reads: tokio::sync::Semaphore::new(events::STREAM_READS),
             counts: ui::CountsCache::default(),
         })
     }
