@@ -2,6 +2,7 @@
 //! a [`Normalised`] trigger, and finding the pipeline it starts. Pure.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
@@ -100,6 +101,7 @@ pub fn generic(payload: &Value, received_at: &str) -> Result<Normalised, Error> 
         team: None,
         metadata,
         received_at: received_at.to_string(),
+        ..Normalised::default()
     })
 }
 
@@ -132,19 +134,21 @@ pub fn alertmanager(
         }
     };
     let status = opt_str(payload, "status")?;
+    // The most severe alert (the first of equals): the trigger's labels under
+    // `most_severe`, and `alert` in templates under either strategy.
+    let chosen = alerts
+        .iter()
+        .enumerate()
+        .min_by_key(|(i, a)| {
+            let sev = a
+                .get("labels")
+                .and_then(|l| l.get("severity"))
+                .and_then(Value::as_str);
+            (severity_rank(sev), *i)
+        })
+        .map(|(_, a)| a);
     let (labels, annotations, base) = match strategy {
         "most_severe" => {
-            let chosen = alerts
-                .iter()
-                .enumerate()
-                .min_by_key(|(i, a)| {
-                    let sev = a
-                        .get("labels")
-                        .and_then(|l| l.get("severity"))
-                        .and_then(Value::as_str);
-                    (severity_rank(sev), *i)
-                })
-                .map(|(_, a)| a);
             let labels = str_map(chosen.and_then(|a| a.get("labels")));
             let annotations = str_map(chosen.and_then(|a| a.get("annotations")));
             let fp = chosen
@@ -197,6 +201,38 @@ pub fn alertmanager(
         team: None,
         metadata,
         received_at: received_at.to_string(),
+        alert: chosen.map(|a| alert_view(a, status.as_deref())),
+        alerts: alerts
+            .iter()
+            .map(|a| alert_view(a, status.as_deref()))
+            .collect(),
+    })
+}
+
+/// One alert of a notification as templates see it (docs/pipelines.md):
+/// `status` (the alert's own, else the notification's), `labels`,
+/// `annotations`, `starts_at`, `ends_at`, `generator_url`, `fingerprint`.
+/// Values of the wrong type become empty rather than refusing the alert.
+pub fn alert_view(alert: &Value, notification_status: Option<&str>) -> Value {
+    let text = |key: &str| {
+        alert
+            .get(key)
+            .and_then(Value::as_str)
+            .map(Value::from)
+            .unwrap_or(Value::Null)
+    };
+    let status = match text("status") {
+        Value::Null => notification_status.map(Value::from).unwrap_or(Value::Null),
+        s => s,
+    };
+    serde_json::json!({
+        "status": status,
+        "labels": str_map(alert.get("labels")),
+        "annotations": str_map(alert.get("annotations")),
+        "starts_at": text("startsAt"),
+        "ends_at": text("endsAt"),
+        "generator_url": text("generatorURL"),
+        "fingerprint": text("fingerprint"),
     })
 }
 
@@ -207,6 +243,11 @@ fn lookup(t: &Normalised, key: &str) -> Option<Value> {
         "severity" => Some(t.severity.clone().map(Value::from).unwrap_or(Value::Null)),
         "summary" => Some(t.summary.clone().map(Value::from).unwrap_or(Value::Null)),
         "pipeline" => Some(t.pipeline.clone().map(Value::from).unwrap_or(Value::Null)),
+        "status" if t.source == "alertmanager" => Some(
+            t.notification_status()
+                .map(Value::from)
+                .unwrap_or(Value::Null),
+        ),
         _ => t.labels.get(key).map(|v| Value::from(v.clone())),
     }
 }
@@ -267,13 +308,65 @@ pub fn matches(p: &Pipeline, t: &Normalised) -> bool {
         })
 }
 
-/// The explicit pipeline if named, else the first pipeline (file order) whose
-/// `trigger.match` holds.
-pub fn resolve<'a>(set: &'a PipelineSet, t: &Normalised) -> Option<&'a std::sync::Arc<Pipeline>> {
-    if let Some(name) = t.pipeline.as_deref().filter(|n| !n.is_empty()) {
-        return set.get(name);
+/// Where a trigger goes ([`route`]).
+#[derive(Debug)]
+pub enum Route<'a> {
+    /// Start a run of this pipeline.
+    Start(&'a Arc<Pipeline>),
+    /// A resolved Alertmanager notification that this pipeline would take if it
+    /// were firing: the pipeline does not name `status` in its match, so it
+    /// takes firing notifications only.
+    IgnoredResolved(&'a Arc<Pipeline>),
+    /// No loaded pipeline takes it.
+    NoMatch,
+    /// The caller named a pipeline (`POST /pipelines/{name}/run`) that is not
+    /// loaded.
+    UnknownPipeline(String),
+}
+
+/// Whether `p` takes `t`'s notification status: a pipeline that names
+/// `status` in its match decides by that condition (in [`matches`]); any other
+/// takes firing notifications only. Triggers that are not Alertmanager
+/// notifications have no status to gate.
+fn takes_status(p: &Pipeline, t: &Normalised) -> bool {
+    match t.notification_status() {
+        None => true,
+        Some(_) if p.trigger.conditions.iter().any(|(k, _)| k == "status") => true,
+        Some(status) => status == "firing",
     }
-    set.pipelines.iter().find(|p| matches(p, t))
+}
+
+/// Where a trigger goes. `forced` is the pipeline of `POST /pipelines/{name}/run`:
+/// run as asked, whatever its match. A generic payload names its pipeline.
+/// An Alertmanager notification goes to the first pipeline (file order) whose
+/// `trigger.match` holds and that takes its status; a `pipeline` label narrows
+/// the candidates to that pipeline, whose match must still hold (an alert about
+/// vectorstep's own metrics carries `pipeline` and must not start it).
+pub fn route<'a>(set: &'a PipelineSet, t: &Normalised, forced: Option<&str>) -> Route<'a> {
+    if let Some(name) = forced {
+        return set
+            .get(name)
+            .map_or_else(|| Route::UnknownPipeline(name.to_string()), Route::Start);
+    }
+    let named = t.pipeline.as_deref().filter(|n| !n.is_empty());
+    if t.source != "alertmanager" {
+        return named
+            .and_then(|n| set.get(n))
+            .map_or(Route::NoMatch, Route::Start);
+    }
+    let mut ignored = None;
+    for p in set
+        .pipelines
+        .iter()
+        .filter(|p| named.is_none_or(|n| p.name == n))
+        .filter(|p| matches(p, t))
+    {
+        if takes_status(p, t) {
+            return Route::Start(p);
+        }
+        ignored.get_or_insert(p);
+    }
+    ignored.map_or(Route::NoMatch, Route::IgnoredResolved)
 }
 
 #[cfg(test)]
@@ -305,6 +398,162 @@ mod tests {
         )
         .unwrap();
         assert_eq!(common.fingerprint.as_deref(), Some("g:firing"));
+    }
+
+    fn set(yamls: &[&str]) -> PipelineSet {
+        let dir = tempfile::tempdir().unwrap();
+        let files: Vec<_> = yamls
+            .iter()
+            .enumerate()
+            .map(|(i, y)| {
+                let f = dir.path().join(format!("{i}.yaml"));
+                std::fs::write(&f, y).unwrap();
+                f
+            })
+            .collect();
+        let config = crate::config::Config {
+            step_library_dir: dir.path().join("no-library"),
+            ..Default::default()
+        };
+        let (set, d) = crate::pipeline::load(&files, &config);
+        set.unwrap_or_else(|| panic!("{d}"))
+    }
+
+    fn pipeline_yaml(name: &str, matching: &str) -> String {
+        format!(
+            "name: {name}\nstage: production\ntrigger:\n  match: {matching}\nsteps:\n  - name: s\n    executor: mock\n    prompt_template: x\n"
+        )
+    }
+
+    fn notification(status: &str, labels: Value) -> Normalised {
+        alertmanager(
+            &json!({"status": status, "alerts": [{"status": status, "labels": labels,
+                "annotations": {"summary": "s", "runbook_url": "https://runbooks/x"},
+                "startsAt": "2026-01-01T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "http://prom/graph", "fingerprint": "abc"}]}),
+            "most_severe",
+            "t",
+        )
+        .unwrap()
+    }
+
+    fn routed(r: Route<'_>) -> String {
+        match r {
+            Route::Start(p) => format!("start {}", p.name),
+            Route::IgnoredResolved(p) => format!("ignored_resolved {}", p.name),
+            Route::NoMatch => "no_match".into(),
+            Route::UnknownPipeline(n) => format!("unknown {n}"),
+        }
+    }
+
+    #[test]
+    fn routing_by_status_pipeline_label_and_forced_name() {
+        let set = set(&[
+            &pipeline_yaml("triage", "{severity: critical}"),
+            &pipeline_yaml("resolve-note", "{severity: critical, status: resolved}"),
+            &pipeline_yaml("db", "{service: db}"),
+        ]);
+        let crit = json!({"severity": "critical", "alertname": "A"});
+        let cases: Vec<(&str, Normalised, Option<&str>, &str)> = vec![
+            (
+                "firing goes to the first match",
+                notification("firing", crit.clone()),
+                None,
+                "start triage",
+            ),
+            (
+                "resolved skips pipelines that do not name status",
+                notification("resolved", crit.clone()),
+                None,
+                "start resolve-note",
+            ),
+            (
+                "a pipeline label narrows the candidates",
+                notification(
+                    "firing",
+                    json!({"severity": "critical", "pipeline": "resolve-note"}),
+                ),
+                None,
+                "no_match",
+            ),
+            (
+                "a pipeline label whose match holds routes",
+                notification("firing", json!({"service": "db", "pipeline": "db"})),
+                None,
+                "start db",
+            ),
+            (
+                "a pipeline label whose match fails starts nothing",
+                notification("firing", json!({"severity": "warning", "pipeline": "db"})),
+                None,
+                "no_match",
+            ),
+            (
+                "resolved with only status-less matches is ignored",
+                notification("resolved", json!({"service": "db"})),
+                None,
+                "ignored_resolved db",
+            ),
+            (
+                "nothing matches",
+                notification("firing", json!({"severity": "info"})),
+                None,
+                "no_match",
+            ),
+            (
+                "forced runs whatever the match",
+                notification("firing", json!({})),
+                Some("db"),
+                "start db",
+            ),
+            (
+                "forced to an unknown name",
+                notification("firing", json!({})),
+                Some("nope"),
+                "unknown nope",
+            ),
+            (
+                "generic names its pipeline",
+                generic(&json!({"pipeline": "db"}), "t").unwrap(),
+                None,
+                "start db",
+            ),
+            (
+                "generic with an unknown pipeline",
+                generic(&json!({"pipeline": "nope"}), "t").unwrap(),
+                None,
+                "no_match",
+            ),
+        ];
+        for (why, t, forced, want) in cases {
+            assert_eq!(routed(route(&set, &t, forced)), want, "{why}");
+        }
+    }
+
+    #[test]
+    fn templates_see_the_chosen_alert_and_every_alert() {
+        let payload = json!({"status": "firing", "alerts": [
+            {"labels": {"severity": "warning", "service": "a"}, "annotations": {"summary": "w"}, "fingerprint": "f1"},
+            {"status": "firing", "labels": {"severity": "critical", "service": "b"},
+             "annotations": {"description": "d", "runbook_url": "https://r/b"},
+             "startsAt": "2026-01-01T00:00:00Z", "generatorURL": "http://prom/g", "fingerprint": "f2"},
+            {"labels": "not a map", "startsAt": 7}
+        ]});
+        for strategy in ["most_severe", "common_labels"] {
+            let n = alertmanager(&payload, strategy, "t").unwrap();
+            let alert = n.alert.as_ref().expect("chosen alert");
+            assert_eq!(
+                alert["annotations"]["runbook_url"], "https://r/b",
+                "{strategy}"
+            );
+            assert_eq!(alert["fingerprint"], "f2");
+            assert_eq!(alert["generator_url"], "http://prom/g");
+            assert_eq!(alert["starts_at"], "2026-01-01T00:00:00Z");
+            assert_eq!(n.alerts.len(), 3);
+            assert_eq!(n.alerts[0]["status"], "firing", "the notification's status");
+            assert_eq!(n.alerts[2]["labels"], json!({}), "a wrong type is empty");
+            assert_eq!(n.alerts[2]["starts_at"], Value::Null);
+        }
     }
 
     #[test]

@@ -44,6 +44,17 @@ async fn alertmanager_payloads_route_by_match_operators_and_deduplicate_by_finge
             ),
         ),
         (
+            // Takes resolved notifications only; the others take firing ones
+            // only, having no `status` in their match.
+            "25-checkout-resolved",
+            pipeline(
+                "checkout-resolved",
+                "production",
+                "  match:\n    status: resolved\n    service: {regex: \"^check\"}",
+                &[("note", 10)],
+            ),
+        ),
+        (
             "30-scaling",
             pipeline(
                 "scaling",
@@ -87,10 +98,24 @@ async fn alertmanager_payloads_route_by_match_operators_and_deduplicate_by_finge
     assert_deduplicated(&again, &first);
     s.run(&first).await;
 
-    // Its resolve has the fingerprint suffix `:resolved`: a run of its own.
+    // Its resolve goes past critical-checkout (no `status` in its match: firing
+    // only) to the pipeline that matches `status: resolved`.
     let a = s.alert(&sample(RESOLVED)).await;
-    let resolved = assert_accepted(&a, "critical-checkout");
+    let resolved = assert_accepted(&a, "checkout-resolved");
     assert_ne!(resolved, first);
+    // A resolve that only status-less pipelines would take starts nothing.
+    let before = s.run_count().await;
+    let mut warning_resolved = sample(FIRING_WARNING);
+    warning_resolved["status"] = json!("resolved");
+    let a = s.alert(&warning_resolved).await;
+    assert_eq!(a.status, 202, "{a:?}");
+    assert_eq!(a.json["status"], "ignored_resolved", "{a:?}");
+    assert_eq!(a.json["pipeline"], "latency-warning", "{a:?}");
+    assert_eq!(
+        s.run_count().await,
+        before,
+        "an ignored resolve stores nothing"
+    );
 
     // Warning: `not_in` and `regex` hold; `in [critical]` does not.
     let a = s.alert(&sample(FIRING_WARNING)).await;
@@ -131,7 +156,8 @@ async fn alertmanager_payloads_route_by_match_operators_and_deduplicate_by_finge
                 json!({"alertname": "ReplicasHigh", "severity": "warning", "replicas": replicas, "namespace": "dev"}),
             ))
             .await;
-        a.assert_error(422);
+        // 200, not 422: Alertmanager re-sends every 4xx.
+        assert_eq!(a.status, 200, "{a:?}");
         assert_eq!(a.json["status"], "no_match", "{a:?}");
     }
     // `ne: critical` excludes a critical alert even with many replicas.
@@ -142,19 +168,39 @@ async fn alertmanager_payloads_route_by_match_operators_and_deduplicate_by_finge
             json!({"alertname": "ReplicasHigh", "severity": "critical", "replicas": "9", "namespace": "dev"}),
         ))
         .await;
-    a.assert_error(422);
+    assert_eq!(
+        (a.status, &a.json["status"]),
+        (200, &json!("no_match")),
+        "{a:?}"
+    );
     assert_eq!(s.run_count().await, before, "a no_match stores nothing");
 
-    // An explicit `pipeline` label routes by name and ignores `trigger.match`; dedup
-    // is per pipeline, so the same fingerprint starts a run there.
+    // A `pipeline` label narrows routing to that pipeline, whose match must
+    // still hold: the critical checkout alert labelled for latency-warning (an
+    // alert about vectorstep's own metrics carries `pipeline`) starts nothing.
     let mut explicit = sample(FIRING_CRITICAL);
     explicit["alerts"][0]["labels"]["pipeline"] = json!("latency-warning");
     let a = s.alert(&explicit).await;
+    assert_eq!(
+        (a.status, &a.json["status"]),
+        (200, &json!("no_match")),
+        "{a:?}"
+    );
+    assert_eq!(s.run_count().await, before, "a failed match stores nothing");
+    // Labelled for the pipeline whose match holds, it routes there; dedup is per
+    // pipeline, so the same fingerprint as a run of critical-checkout starts one.
+    let mut labelled = sample(FIRING_WARNING);
+    labelled["alerts"][0]["labels"]["pipeline"] = json!("latency-warning");
+    labelled["alerts"][0]["fingerprint"] = json!("3f9d1c2b7a6e5d40");
+    let a = s.alert(&labelled).await;
     let routed = assert_accepted(&a, "latency-warning");
     explicit["alerts"][0]["labels"]["pipeline"] = json!("no-such-pipeline");
     let a = s.alert(&explicit).await;
-    a.assert_error(422);
-    assert_eq!(a.json["status"], "no_match");
+    assert_eq!(
+        (a.status, &a.json["status"]),
+        (200, &json!("no_match")),
+        "{a:?}"
+    );
 
     for id in [&first, &resolved, &warning, &grouped, &scaling, &routed] {
         let run = s.wait_terminal(id).await;
@@ -172,7 +218,122 @@ async fn alertmanager_payloads_route_by_match_operators_and_deduplicate_by_finge
 
     assert_eq!(s.run_count().await, 6);
     let critical = s.runs(Some("critical-checkout")).await;
-    assert_eq!(critical.len(), 2, "{critical:#?}");
+    assert_eq!(critical.len(), 1, "{critical:#?}");
+    assert_eq!(s.runs(Some("checkout-resolved")).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn templates_read_the_chosen_alert_and_fan_out_over_every_alert_and_testing_skips_are_logged()
+{
+    let context = r#"name: am-context
+stage: production
+trigger:
+  match: {alertname: HighErrorRate}
+steps:
+  - name: read
+    executor: mock
+    executor_config:
+      output:
+        confidence: 0.9
+        next_step_context: ""
+        summary: "runbook={{ alert.annotations.runbook_url }} fp={{ alert.fingerprint }} of={{ alerts | length }} since={{ alert.starts_at }}"
+  - fan_out:
+      name: per-alert
+      over: "{{ alerts | tojson }}"
+      as: a
+      executor: mock
+      executor_config:
+        output: {confidence: 0.9, next_step_context: "", summary: "looked at {{ a.labels.service }}"}
+"#;
+    let pipelines = [
+        ("10-am-context", context.to_string()),
+        (
+            "20-rehearsal",
+            pipeline(
+                "rehearsal",
+                "testing",
+                "  match: {alertname: Rehearsal}",
+                &[("triage", 10)],
+            ),
+        ),
+    ];
+    let s = Intake::start_logging("info", "", "", &pipelines).await;
+
+    let mut notification = sample(FIRING_CRITICAL);
+    let first = notification["alerts"][0].clone();
+    for service in ["payments", "search"] {
+        let mut other = first.clone();
+        other["labels"]["service"] = json!(service);
+        other["labels"]["severity"] = json!("warning");
+        other["fingerprint"] = json!(format!("fp-{service}"));
+        notification["alerts"].as_array_mut().unwrap().push(other);
+    }
+    let a = s.alert(&notification).await;
+    let id = assert_accepted(&a, "am-context");
+    let run = s.wait_terminal(&id).await;
+    assert_eq!(run["status"], "completed", "{run:#}");
+    let summary = |path: &str| {
+        run["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|st| st["step_name"] == path)
+            .map(|st| st["output"]["summary"].as_str().unwrap_or("").to_string())
+            .unwrap_or_else(|| panic!("no step {path}: {run:#}"))
+    };
+    assert_eq!(
+        summary("read"),
+        format!(
+            "runbook={} fp={} of=3 since={}",
+            first["annotations"]["runbook_url"].as_str().unwrap(),
+            first["fingerprint"].as_str().unwrap(),
+            first["startsAt"].as_str().unwrap()
+        )
+    );
+    assert_eq!(summary("per-alert/0"), "looked at checkout");
+    assert_eq!(summary("per-alert/1"), "looked at payments");
+    assert_eq!(summary("per-alert/2"), "looked at search");
+    assert!(
+        run["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|st| st["step_name"] != "per-alert/3"),
+        "one branch per alert: {run:#}"
+    );
+
+    // A testing-stage pipeline: skipped, logged at INFO with pipeline and source,
+    // and counted.
+    let a = s
+        .alert(&alert(
+            "firing",
+            "rehearse",
+            json!({"alertname": "Rehearsal"}),
+        ))
+        .await;
+    assert_eq!(
+        (a.status, &a.json["status"]),
+        (202, &json!("skipped_testing")),
+        "{a:?}"
+    );
+    let log = s.log();
+    assert!(
+        log.lines().any(|l| l.contains("INFO")
+            && l.contains("stage testing")
+            && l.contains("rehearsal")
+            && l.contains("alertmanager")),
+        "no INFO line for the skip:\n{log}"
+    );
+    let m = s.metrics().await;
+    assert_eq!(
+        value(
+            &m,
+            "vectorstep_webhooks_total",
+            &[("source", "alertmanager"), ("status", "skipped_testing")]
+        ),
+        Some(1.0),
+        "{m:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,11 +551,17 @@ async fn generic_payloads_by_query_by_header_and_by_pipeline_route() {
         .await;
     let empty = assert_accepted(&a, "offline-demo");
 
-    // Unknown names: 422 no_match, nothing stored.
+    // Unknown names: 404 for the named route, 422 no_match for a generic
+    // payload; nothing stored.
     let before = s.run_count().await;
     let a = s.post("/pipelines/nope/run", &json!({})).await;
-    a.assert_error(422);
-    assert_eq!(a.json["status"], "no_match");
+    a.assert_error(404);
+    assert!(
+        a.json["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("`nope`")),
+        "{a:?}"
+    );
     let a = s
         .post("/webhook?source=generic", &sample(GENERIC_ESCALATION))
         .await;
@@ -639,17 +806,20 @@ async fn rejected_requests_answer_the_error_shape_and_store_nothing() {
             "",
         ),
         case(
-            "no pipeline matches",
-            "/webhook?source=alertmanager",
+            "a generic payload naming no loaded pipeline",
+            "/webhook?source=generic",
             &sre,
-            serde_json::to_vec(&alert(
-                "firing",
-                "nomatch",
-                json!({"alertname": "Unrouted"}),
-            ))
-            .unwrap(),
+            br#"{"pipeline": "no-such-pipeline"}"#.to_vec(),
             422,
             "",
+        ),
+        case(
+            "the run route of a pipeline that is not loaded",
+            "/pipelines/no-such-pipeline/run",
+            &sre,
+            Vec::new(),
+            404,
+            "no-such-pipeline",
         ),
     ];
     for c in cases {
@@ -948,9 +1118,14 @@ async fn metrics_count_runs_steps_and_webhooks() {
     // A duplicate, a no_match, a bad source, a missing pipeline.
     let dup = alert("firing", "two-0", json!({"alertname": "Two"}));
     assert_deduplicated(&s.alert(&dup).await, &ids[0]);
-    s.alert(&alert("firing", "none", json!({"alertname": "Nothing"})))
-        .await
-        .assert_error(422);
+    let a = s
+        .alert(&alert("firing", "none", json!({"alertname": "Nothing"})))
+        .await;
+    assert_eq!(
+        (a.status, &a.json["status"]),
+        (200, &json!("no_match")),
+        "{a:?}"
+    );
     s.post("/webhook?source=bogus", &json!({}))
         .await
         .assert_error(400);
@@ -1057,6 +1232,18 @@ async fn metrics_count_runs_steps_and_webhooks() {
     assert_eq!(hooks("alertmanager", "deduplicated"), Some(1.0), "{m:#?}");
     assert_eq!(hooks("alertmanager", "no_match"), Some(1.0), "{m:#?}");
     assert_eq!(hooks("generic", "accepted"), Some(2.0), "{m:#?}");
+    // Refusals are counted by answer word, never by HTTP code.
+    assert_eq!(hooks("bogus", "bad_request"), Some(1.0), "{m:#?}");
+    assert_eq!(hooks("generic", "bad_request"), Some(1.0), "{m:#?}");
+    assert!(
+        m.iter()
+            .filter(|x| x.name == "vectorstep_webhooks_total")
+            .all(|x| x
+                .labels
+                .get("status")
+                .is_some_and(|st| !st.chars().all(|c| c.is_ascii_digit()))),
+        "a status label that is an HTTP code: {m:#?}"
+    );
     assert_eq!(
         v("vectorstep_webhooks_total", &[("source", "bogus")]),
         Some(1.0),

@@ -42,8 +42,24 @@ pub(super) fn source_label(uri: &axum::http::Uri, headers: &HeaderMap) -> String
         .unwrap_or_else(|| "none".into())
 }
 
+/// The word a refused trigger request is counted under in `webhooks_total`
+/// (answer words, never HTTP codes, so a dashboard reads what happened).
+pub(super) fn refusal_word(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        _ => "error",
+    }
+}
+
 fn reject(source: &str, err: ApiError) -> Response {
-    crate::telemetry::webhook(source, &err.status.as_u16().to_string());
+    let word = refusal_word(err.status);
+    crate::telemetry::webhook(source, word);
+    tracing::info!(source, status = word, code = err.status.as_u16(), error = %err.error, "Webhook refused.");
     err.into_response()
 }
 
@@ -166,11 +182,38 @@ async fn accept(
     .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
     trigger.team = team;
     let pipelines = engine.pipelines();
-    let Some(pipeline) = crate::intake::resolve(&pipelines, &trigger).cloned() else {
-        crate::telemetry::webhook(source, "no_match");
-        let body = json!({"status": "no_match", "source": source, "severity": trigger.severity, "labels": trigger.labels,
-            "error": "no pipeline matched", "detail": format!("No pipeline matched for source='{source}' severity={:?}", trigger.severity)});
-        return Ok((StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response());
+    let pipeline = match crate::intake::route(&pipelines, &trigger, forced_pipeline.as_deref()) {
+        crate::intake::Route::Start(p) => p.clone(),
+        crate::intake::Route::UnknownPipeline(name) => {
+            return Err(
+                ApiError::new(StatusCode::NOT_FOUND, "pipeline not found").detail(Value::from(
+                    format!("no pipeline named `{name}` is loaded; GET /pipelines lists them"),
+                )),
+            );
+        }
+        crate::intake::Route::IgnoredResolved(p) => {
+            crate::telemetry::webhook(source, "ignored_resolved");
+            tracing::info!(pipeline = %p.name, source, severity = trigger.severity.as_deref().unwrap_or(""),
+                "Resolved notification ignored: the pipeline takes firing notifications only (add `status: resolved` to its trigger.match to take them).");
+            let body = json!({"status": "ignored_resolved", "pipeline": p.name, "source": source,
+                "reason": format!("the notification is resolved and pipeline {} does not match on status", p.name)});
+            return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
+        }
+        crate::intake::Route::NoMatch => {
+            crate::telemetry::webhook(source, "no_match");
+            let severity = trigger.severity.as_deref().unwrap_or("none");
+            tracing::info!(source, severity, labels = ?trigger.labels, "Webhook matched no pipeline.");
+            let body = json!({"status": "no_match", "source": source, "severity": trigger.severity, "labels": trigger.labels,
+                "error": "no pipeline matched", "detail": format!("no loaded pipeline's trigger.match holds for source={source} severity={severity}")});
+            // Alertmanager re-sends every 4xx each group_interval and raises its
+            // own failure alerts: an alert nobody routes here is not its error.
+            let code = if source == "alertmanager" {
+                StatusCode::OK
+            } else {
+                StatusCode::UNPROCESSABLE_ENTITY
+            };
+            return Ok((code, Json(body)).into_response());
+        }
     };
     let allow_testing = forced_pipeline.is_some()
         || query
@@ -178,6 +221,8 @@ async fn accept(
             .is_some_and(|v| v == "true" || v == "1");
     if pipeline.stage == Stage::Testing && !allow_testing {
         crate::telemetry::webhook(source, "skipped_testing");
+        tracing::info!(pipeline = %pipeline.name, source,
+            "Webhook skipped: the pipeline is in stage testing (set `stage: production`, or pass ?allow_testing=true).");
         return Ok((
             StatusCode::ACCEPTED,
             Json(
@@ -208,6 +253,7 @@ async fn accept(
         .await?
         {
             crate::telemetry::webhook(source, "deduplicated");
+            tracing::info!(pipeline = %pipeline.name, source, run_id = %run_id, "Webhook deduplicated.");
             let mut body = json!({"status": "deduplicated", "run_id": run_id, "reason": reason});
             merge(&mut body, common);
             return Ok((StatusCode::ACCEPTED, Json(body)).into_response());
@@ -250,6 +296,7 @@ async fn accept(
     match created {
         Created::Duplicate { run_id, reason } => {
             crate::telemetry::webhook(source, "deduplicated");
+            tracing::info!(pipeline = %pipeline.name, source, run_id = %run_id, "Webhook deduplicated.");
             let mut body = json!({"status": "deduplicated", "run_id": run_id, "reason": reason});
             merge(&mut body, common);
             Ok((StatusCode::ACCEPTED, Json(body)).into_response())

@@ -293,11 +293,11 @@ pub async fn authorize(
             if class == RouteClass::Trigger {
                 crate::telemetry::webhook(
                     &super::intake::source_label(req.uri(), req.headers()),
-                    if refusal == Refusal::Unauthenticated {
-                        "401"
+                    super::intake::refusal_word(if refusal == Refusal::Unauthenticated {
+                        StatusCode::UNAUTHORIZED
                     } else {
-                        "403"
-                    },
+                        StatusCode::FORBIDDEN
+                    }),
                 );
             }
             return refuse(refusal, &path);

@@ -154,6 +154,9 @@ fn trigger(n: &Node, d: &mut Diagnostics) -> Option<Trigger> {
                     let key = k.scalar_text().unwrap_or_default();
                     let path = join("trigger.match", &key);
                     if let Some(op) = match_op(v, &path, d) {
+                        if key == "status" {
+                            notification_status(&op, v, &path, d);
+                        }
                         conditions.push((key, op));
                     }
                 }
@@ -172,6 +175,27 @@ fn trigger(n: &Node, d: &mut Diagnostics) -> Option<Trigger> {
         dedup_enabled,
         dedup_window_seconds,
     })
+}
+
+/// `trigger.match.status` tests an Alertmanager notification's status, which
+/// is `firing` or `resolved`: any other word would never match.
+fn notification_status(op: &MatchOp, v: &Node, path: &str, d: &mut Diagnostics) {
+    let words: Vec<&serde_json::Value> = match op {
+        MatchOp::Eq(w) | MatchOp::Ne(w) => vec![w],
+        MatchOp::In(serde_json::Value::Array(ws))
+        | MatchOp::NotIn(serde_json::Value::Array(ws)) => ws.iter().collect(),
+        _ => return,
+    };
+    for w in words {
+        if !matches!(w.as_str(), Some("firing" | "resolved")) {
+            d.error_hint(
+                &v.span,
+                path,
+                format!("an Alertmanager notification's status is firing or resolved, not {w}"),
+                "status: resolved takes resolved notifications; status: {in: [firing, resolved]} takes both",
+            );
+        }
+    }
 }
 
 const MATCH_OPS: &[&str] = &[

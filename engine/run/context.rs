@@ -34,6 +34,24 @@ pub struct Normalised {
     /// RFC 3339.
     #[serde(default)]
     pub received_at: String,
+    /// An Alertmanager notification's chosen alert (shaped by
+    /// `intake::alert_view`): what
+    /// templates read as `alert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alert: Option<Value>,
+    /// Every alert of an Alertmanager notification, same shape: `alerts`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alerts: Vec<Value>,
+}
+
+impl Normalised {
+    /// An Alertmanager notification's top-level status (`firing`, `resolved`);
+    /// `None` for every other source.
+    pub fn notification_status(&self) -> Option<&str> {
+        (self.source == "alertmanager")
+            .then(|| self.metadata.get("status").and_then(Value::as_str))
+            .flatten()
+    }
 }
 
 /// Outputs of finished units, in the order they finished, keyed by template name
@@ -114,7 +132,7 @@ fn include(trigger: &Normalised, path: &str) -> Option<(String, Value)> {
     Some((leaf, value))
 }
 
-/// Builds the context as JSON; [`to_template_value`] turns it into what templates read.
+/// Builds the context as JSON (docs/pipelines.md lists every key); [`to_template_value`] turns it into what templates read.
 pub fn build(input: &ContextInput<'_>) -> Map<String, Value> {
     let mut m = Map::new();
     let t = input.trigger;
@@ -132,6 +150,10 @@ pub fn build(input: &ContextInput<'_>) -> Map<String, Value> {
         "team".into(),
         t.team.clone().map(Value::from).unwrap_or(Value::Null),
     );
+    if let Some(alert) = &t.alert {
+        m.insert("alert".into(), alert.clone());
+        m.insert("alerts".into(), Value::Array(t.alerts.clone()));
+    }
     m.insert(
         "_testing".into(),
         Value::from(input.pipeline.stage == crate::pipeline::Stage::Testing),

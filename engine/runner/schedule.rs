@@ -111,6 +111,7 @@ fn trigger_for(p: &Pipeline, now_ms: i64, due: i64) -> Option<Normalised> {
         team: s.team.clone(),
         metadata,
         received_at: crate::clock::rfc3339(now_ms),
+        ..Normalised::default()
     })
 }
 

@@ -65,6 +65,7 @@ fn trigger_of(run: &RunRecord) -> Normalised {
         team: None,
         metadata: Map::new(),
         received_at: String::new(),
+        ..Normalised::default()
     })
 }
 

@@ -91,6 +91,16 @@ impl Intake {
     /// top-level keys in `extra`) and `pipelines/<file>.yaml` for each entry, and
     /// starts the service.
     pub async fn start(server_extra: &str, extra: &str, pipelines: &[(&str, String)]) -> Intake {
+        Intake::start_logging("warn", server_extra, extra, pipelines).await
+    }
+
+    /// [`Intake::start`] with the service logging at `level` ([`Intake::log`]).
+    pub async fn start_logging(
+        level: &str,
+        server_extra: &str,
+        extra: &str,
+        pipelines: &[(&str, String)],
+    ) -> Intake {
         let scratch = Scratch::new();
         let root = &scratch.root;
         let text = format!(
@@ -98,7 +108,7 @@ impl Intake {
              pipeline_config_dir: {pipelines:?}\n\
              step_library_dir: {steps:?}\n\
              {db}\n\
-             logging: {{level: warn}}\n\
+             logging: {{level: {level}}}\n\
              {extra}\n",
             pipelines = root.join("pipelines").display().to_string(),
             steps = root.join("steps").display().to_string(),
@@ -122,6 +132,11 @@ impl Intake {
 
     pub fn url(&self, path: &str) -> String {
         self.svc.url(path)
+    }
+
+    /// Everything the service logged so far.
+    pub fn log(&self) -> String {
+        self.svc.log_text()
     }
 
     pub async fn send(&self, req: reqwest::RequestBuilder) -> Answer {

@@ -397,6 +397,11 @@ impl Service {
         v["runs"].as_array().cloned().unwrap_or_default()
     }
 
+    /// The whole service log (stderr of every generation).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// The last lines of the service log (stderr of every generation).
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
