@@ -195,6 +195,70 @@ fn turns(j: &StepJournal) -> Value {
 }
 
 /// A fixed-width table of a run's steps for terminals.
+/// The display label of fan-out item `index` (docs/ui.md): a scalar item itself,
+/// else its `name` or `id` field, else the index. Only a label: the step path
+/// stays `<fan_out>/<index>`.
+pub fn item_label(items: Option<&Value>, index: usize) -> String {
+    let item = items.and_then(|v| v.as_array()).and_then(|a| a.get(index));
+    let text = match item {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v @ (Value::Number(_) | Value::Bool(_))) => Some(v.to_string()),
+        Some(Value::Object(o)) => ["name", "id"].iter().find_map(|k| match o.get(*k) {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(v @ Value::Number(_)) => Some(v.to_string()),
+            _ => None,
+        }),
+        _ => None,
+    };
+    match text {
+        Some(t) if !t.trim().is_empty() => t.chars().take(80).collect(),
+        _ => index.to_string(),
+    }
+}
+
+/// A step's name for people: a fan-out branch is followed by its item's label
+/// ([`item_label`]), `per-service/0 (checkout)`; the path itself is unchanged.
+pub fn step_display_name(s: &StepRecord, steps: &[StepRecord]) -> String {
+    if s.kind != crate::domain::StepKind::FanOutBranch {
+        return s.step_path.clone();
+    }
+    let Some((parent, leaf)) = s.step_path.rsplit_once('/') else {
+        return s.step_path.clone();
+    };
+    let Ok(index) = leaf.parse::<usize>() else {
+        return s.step_path.clone();
+    };
+    let items = steps
+        .iter()
+        .find(|r| r.step_path == parent)
+        .and_then(|r| r.items_json.as_deref())
+        .and_then(|j| serde_json::from_str::<Value>(j).ok());
+    let label = item_label(items.as_ref(), index);
+    if label == leaf {
+        s.step_path.clone()
+    } else {
+        format!("{} ({})", s.step_path, terminal_safe(&label))
+    }
+}
+
+/// A step's output summary, else its error, on one line of at most `max` chars.
+fn step_summary(s: &StepRecord, max: usize) -> String {
+    let summary = s
+        .output_json
+        .as_deref()
+        .and_then(|j| serde_json::from_str::<Value>(j).ok())
+        .and_then(|v| v.get("summary").and_then(Value::as_str).map(str::to_string))
+        .or_else(|| s.error.clone())
+        .unwrap_or_default();
+    let one_line = terminal_safe(&summary.split_whitespace().collect::<Vec<_>>().join(" "));
+    if one_line.chars().count() > max {
+        let cut: String = one_line.chars().take(max.saturating_sub(1)).collect();
+        format!("{cut}…")
+    } else {
+        one_line
+    }
+}
+
 pub fn step_table(steps: &[StepRecord]) -> String {
     let mut rows = vec![[
         "STEP".to_string(),
@@ -203,11 +267,12 @@ pub fn step_table(steps: &[StepRecord]) -> String {
         "DURATION".into(),
         "TOKENS".into(),
         "COST".into(),
+        "SUMMARY".into(),
     ]];
     for s in steps {
         let indent = if s.kind.is_branch() { "  " } else { "" };
         rows.push([
-            format!("{indent}{}", s.step_path),
+            format!("{indent}{}", step_display_name(s, steps)),
             s.status.to_string(),
             s.effective_confidence
                 .map(|c| format!("{c:.2}"))
@@ -219,9 +284,35 @@ pub fn step_table(steps: &[StepRecord]) -> String {
             s.cost_usd
                 .map(|c| format!("${c:.4}"))
                 .unwrap_or_else(|| "-".into()),
+            step_summary(s, 72),
         ]);
     }
     aligned(&rows)
+}
+
+/// `runs show --verbose`: each step's output (pretty JSON) and error, under its
+/// display name. Terminal-safe: outputs quote model text and tool results.
+pub fn step_details(steps: &[StepRecord]) -> String {
+    let mut out = String::new();
+    for s in steps {
+        out.push_str(&format!(
+            "== {} ({})\n",
+            step_display_name(s, steps),
+            s.status
+        ));
+        if let Some(o) = s.output_json.as_deref() {
+            let pretty = serde_json::from_str::<Value>(o)
+                .ok()
+                .and_then(|v| serde_json::to_string_pretty(&v).ok())
+                .unwrap_or_else(|| o.to_string());
+            let safe: Vec<String> = pretty.lines().map(terminal_safe).collect();
+            out.push_str(&format!("output:\n{}\n", safe.join("\n")));
+        }
+        if let Some(e) = &s.error {
+            out.push_str(&format!("error: {}\n", terminal_safe(e)));
+        }
+    }
+    out
 }
 
 /// Rows of cells as left-aligned columns two spaces apart, one line each.

@@ -240,3 +240,134 @@ fn sweep_dry_run_explains_and_changes_nothing() {
         );
     }
 }
+
+const FAN_OUT: &str = "name: fan\ntrigger: {}\nsteps:\n  - name: a\n    executor: mock\n    executor_config: {output: {confidence: 0.9, summary: \"line one\\nline two\"}}\n  - fan_out:\n      name: per-service\n      over: '[{\"name\": \"checkout\"}, {\"name\": \"payments\"}]'\n      executor: mock\n      executor_config: {output: {confidence: 0.9, summary: \"looked at {{ item.name }}\"}}\n";
+
+#[test]
+fn usage_errors_exit_64_and_help_exits_0() {
+    let s = Scratch::new(&[("ok", OK_PIPELINE)]);
+    for args in [
+        &["runs", "list", "--no-such-flag"][..],
+        &["run"][..],
+        &["run", "ok", "--set", "no-equals-sign"][..],
+        &["nonsense"][..],
+        &["store", "copy", "--from", "x.db"][..],
+        &["runs", "replay", "r1"][..],
+        &["completions", "powershell-classic"][..],
+    ] {
+        let o = s.run(args);
+        assert_eq!(o.status.code(), Some(64), "{args:?}: {o:?}");
+        assert!(!o.stderr.is_empty(), "{args:?}: a usage error says why");
+    }
+    let o = s.run(&["runs", "list", "--help"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert!(
+        stdout(&o).contains("Only runs of this pipeline"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn output_to_a_closed_pipe_ends_quietly_with_0() {
+    let s = Scratch::new(&[("ok", OK_PIPELINE)]);
+    for _ in 0..3 {
+        assert_eq!(s.run(&["run", "ok"]).status.code(), Some(0));
+    }
+    // The read end is closed before the command writes: what `| head -1` does
+    // once it has its line.
+    let mut child = bin()
+        .arg("--config")
+        .arg(s.config())
+        .args(["runs", "list"])
+        .current_dir(s.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.trim().is_empty(), "quiet: {err}");
+    // And through a real shell pipeline.
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -o pipefail; {} --config {} runs list | head -1",
+            env!("CARGO_BIN_EXE_vectorstep"),
+            s.config().display()
+        ))
+        .current_dir(s.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    assert_eq!(stdout(&o).lines().count(), 1, "{}", stdout(&o));
+}
+
+#[test]
+fn payload_from_stdin_and_show_with_summaries_item_names_and_verbose() {
+    let s = Scratch::new(&[("fan", FAN_OUT)]);
+    let mut child = bin()
+        .arg("--config")
+        .arg(s.config())
+        .args(["run", "fan", "--payload", "-", "--json"])
+        .current_dir(s.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(br#"{"labels": {"service": "from-stdin"}}"#)
+            .unwrap();
+    }
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let run: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let id = run["id"].as_str().unwrap().to_string();
+    let stored = s.store().run(&id).unwrap().unwrap();
+    assert!(
+        stored.context_json.contains("from-stdin"),
+        "the payload read from stdin reached the trigger: {}",
+        stored.context_json
+    );
+
+    let show = stdout(&s.run(&["runs", "show", &id]));
+    assert!(show.contains("SUMMARY"), "{show}");
+    assert!(
+        show.contains("line one line two"),
+        "one line per summary: {show}"
+    );
+    assert!(show.contains("per-service/0 (checkout)"), "{show}");
+    assert!(show.contains("per-service/1 (payments)"), "{show}");
+    assert!(show.contains("looked at payments"), "{show}");
+    assert!(
+        !show.contains("\"confidence\""),
+        "no outputs without --verbose: {show}"
+    );
+    let verbose = stdout(&s.run(&["runs", "show", &id, "--verbose"]));
+    assert!(
+        verbose.contains("== per-service/1 (payments) (completed)"),
+        "{verbose}"
+    );
+    assert!(verbose.contains("\"confidence\": 0.9"), "{verbose}");
+}
+
+#[test]
+fn completions_for_each_shell() {
+    let s = Scratch::new(&[]);
+    for shell in ["bash", "zsh", "fish"] {
+        let o = s.run(&["completions", shell]);
+        assert_eq!(o.status.code(), Some(0), "{shell}: {o:?}");
+        let text = stdout(&o);
+        assert!(text.contains("vectorstep"), "{shell}: {text}");
+        assert!(
+            text.contains("replay"),
+            "{shell}: subcommands are completed"
+        );
+    }
+}

@@ -606,15 +606,15 @@ fn the_command_copies_prints_a_summary_and_never_a_password() {
     assert_eq!(code, Some(1), "{stdout}\n{stderr}");
     assert!(stderr.contains("already holds rows"), "{stderr}");
 
-    // Usage errors exit 2.
+    // Usage errors exit 64 (EX_USAGE).
     let (code, _, stderr) = copy("mysql://u:secret@db/x", &url);
-    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(code, Some(64), "{stderr}");
     assert!(stderr.contains("sqlite:PATH"), "{stderr}");
     let out = Command::new(env!("CARGO_BIN_EXE_vectorstep"))
         .args(["store", "copy", "--from", "x.db"])
         .output()
         .expect("run vectorstep");
-    assert_eq!(out.status.code(), Some(2), "a missing --to");
+    assert_eq!(out.status.code(), Some(64), "a missing --to");
 
     // A source that does not exist is not created.
     let (code, _, stderr) = copy("sqlite:./missing.db", &url);

@@ -1,13 +1,17 @@
-//! Command-line interface (SPEC section 1). Exit status: 0 success, 1 usage or
-//! config error, 2 a run that ended in a non-success status; `store copy` exits 2
-//! on a usage error and 1 when the copy is refused or fails; `runs cancel` and
-//! `runs replay` exit 64 (`EX_USAGE`) on a usage error and 1 on a server error.
+//! Command-line interface (docs/reference.md). Exit status: 0 success, 1 a
+//! config, store or server error, 2 a run that ended in a non-success status,
+//! 64 (`EX_USAGE`) a usage error (unknown flag, missing or malformed argument).
+//! Output to a closed pipe (`runs list | head -1`) ends quietly with 0.
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+/// Exit status of a usage error (`EX_USAGE` of sysexits.h).
+pub const USAGE: i32 = 64;
+
 mod approvals;
+mod completions;
 mod demo_mcp;
 mod replicas;
 mod run;
@@ -44,19 +48,22 @@ pub enum Command {
     Validate {
         /// Pipeline files or folders.
         paths: Vec<PathBuf>,
+        /// Fail (exit 1) on warnings too, for CI.
+        #[arg(long)]
+        strict: bool,
     },
     /// Trigger one run in this process and drive it to the end.
     Run {
         /// A pipeline name or a pipeline file.
         pipeline: String,
-        /// A JSON payload file.
-        #[arg(long)]
+        /// A JSON payload file, or `-` to read it from standard input.
+        #[arg(long, value_name = "FILE")]
         payload: Option<PathBuf>,
         /// How to read the payload.
         #[arg(long, default_value = "generic", value_parser = ["generic", "alertmanager"])]
         source: String,
         /// Set a label: `--set service=checkout` (repeatable).
-        #[arg(long = "set")]
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = key_value)]
         set: Vec<String>,
         /// Print the run as JSON (the shape of `GET /runs/{id}`).
         #[arg(long)]
@@ -123,6 +130,11 @@ pub enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// Print shell completions: `vectorstep completions bash > /etc/bash_completion.d/vectorstep`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// A demo MCP server on stdin/stdout with canned ops tools, for the offline
     /// agent sample (samples/agents/). Hidden: it is a fixture, not a command.
     #[command(hide = true)]
@@ -159,18 +171,25 @@ pub enum ToolsCommand {
 pub enum ApprovalsCommand {
     /// Pending approvals.
     List {
+        /// Print the body of `GET /approvals` instead of the table.
         #[arg(long)]
         json: bool,
     },
     /// Approve a pending approval.
     Approve {
+        /// The approval's token (from `approvals list` or the approval link).
         token: String,
+        /// Who decides, when the server has no auth (with an operator token the
+        /// server records the operator).
         #[arg(long)]
         by: Option<String>,
     },
     /// Reject a pending approval.
     Reject {
+        /// The approval's token (from `approvals list` or the approval link).
         token: String,
+        /// Who decides, when the server has no auth (with an operator token the
+        /// server records the operator).
         #[arg(long)]
         by: Option<String>,
     },
@@ -216,23 +235,33 @@ impl ServerArgs {
 pub enum RunsCommand {
     /// List runs, newest first.
     List {
+        /// Only runs with this status (running, completed, failed, ...).
         #[arg(long)]
         status: Option<String>,
+        /// Only runs of this pipeline.
         #[arg(long)]
         pipeline: Option<String>,
+        /// At most this many runs.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// Print JSON (`{"runs": [...]}`, as `GET /runs`) instead of the table.
         #[arg(long)]
         json: bool,
     },
     /// One run with its steps and run log.
     Show {
+        /// The run's id (`runs list` shows them).
         run_id: String,
+        /// Print the run as JSON (the shape of `GET /runs/{id}`).
         #[arg(long)]
         json: bool,
+        /// Also print each step's output and error.
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// Cancel a running run at its next step boundary, through the running server.
     Cancel {
+        /// The run's id.
         run_id: String,
         /// Who cancels, when the server has no auth (with an operator token the
         /// server records the operator). Default: `$USER`.
@@ -244,6 +273,7 @@ pub enum RunsCommand {
     /// Start a new run of the same pipeline and trigger that reuses the recorded
     /// steps before STEP and runs from STEP on, through the running server.
     Replay {
+        /// The run to replay.
         run_id: String,
         /// The top-level step to start from.
         #[arg(long = "from", value_name = "STEP")]
@@ -273,40 +303,32 @@ pub fn init_logging(config: &vectorstep::config::Config, default_level: &str) {
     };
 }
 
-/// Whether the command line is a `store` command (its usage errors exit 2): the
-/// first argument that is neither an option nor `--config`'s value.
-fn is_store_command() -> bool {
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        if a == "--config" {
-            args.next();
-        } else if !a.starts_with('-') {
-            return a == "store";
-        }
+/// `--set`'s `KEY=VALUE`, refused by the parser (a usage error) otherwise.
+fn key_value(s: &str) -> Result<String, String> {
+    match s.split_once('=') {
+        Some((k, _)) if !k.trim().is_empty() => Ok(s.to_string()),
+        _ => Err(format!("expected KEY=VALUE, got `{s}`")),
     }
-    false
 }
 
-/// Whether the command line is `runs cancel` or `runs replay` (its usage errors
-/// exit 64): the first two arguments that are neither options nor `--config`'s
-/// value.
-fn is_remote_runs_command() -> bool {
-    let mut words = Vec::new();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        if a == "--config" {
-            args.next();
-        } else if !a.starts_with('-') {
-            words.push(a);
-            if words.len() == 2 {
-                break;
-            }
+/// Output to a closed pipe (`runs list | head -1`) ends the command quietly with
+/// 0: what was wanted has been read. `print!` panics on a write error, so the
+/// panic hook recognises that one case; every other panic keeps the default
+/// report.
+fn quiet_on_closed_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
+            std::process::exit(0);
         }
-    }
-    matches!(
-        words.iter().map(String::as_str).collect::<Vec<_>>()[..],
-        ["runs", "cancel" | "replay"]
-    )
+        default(info);
+    }));
 }
 
 /// Whether `--config` was given explicitly (a missing explicit file is an error).
@@ -316,12 +338,19 @@ fn config_is_explicit() -> bool {
 }
 
 pub fn load_config(path: &std::path::Path) -> anyhow::Result<vectorstep::config::Config> {
+    load_config_counting(path).map(|(config, _)| config)
+}
+
+/// [`load_config`], with the number of warnings it printed.
+pub fn load_config_counting(
+    path: &std::path::Path,
+) -> anyhow::Result<(vectorstep::config::Config, usize)> {
     match vectorstep::config::Config::load(path, config_is_explicit()) {
         Ok((config, warnings)) => {
             for w in warnings.iter() {
                 eprintln!("{w}");
             }
-            Ok(config)
+            Ok((config, warnings.iter().count()))
         }
         Err(vectorstep::config::Error::Invalid(d)) => {
             eprint!("{d}");
@@ -348,21 +377,19 @@ pub fn load_acting_config(path: &std::path::Path) -> anyhow::Result<vectorstep::
 }
 
 pub fn main() -> i32 {
+    quiet_on_closed_pipe();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return match (e.use_stderr(), is_store_command()) {
-                (false, _) => 0,
-                (true, true) => store::USAGE,
-                (true, false) if is_remote_runs_command() => runs::USAGE,
-                (true, false) => 1,
-            };
+            // `--help` and `--version` are not errors.
+            return if e.use_stderr() { USAGE } else { 0 };
         }
     };
     let result = match &cli.command {
         Command::Serve => serve::serve(&cli),
-        Command::Validate { paths } => validate::validate(&cli, paths),
+        Command::Validate { paths, strict } => validate::validate(&cli, paths, *strict),
+        Command::Completions { shell } => Ok(completions::print(*shell)),
         Command::Fingerprint { pipeline } => validate::fingerprint(&cli, pipeline),
         Command::Tools {
             command: ToolsCommand::List { agent },
@@ -393,8 +420,13 @@ pub fn main() -> i32 {
                 },
         } => run::list(&cli, status.clone(), pipeline.clone(), *limit, *json),
         Command::Runs {
-            command: RunsCommand::Show { run_id, json },
-        } => run::show(&cli, run_id, *json),
+            command:
+                RunsCommand::Show {
+                    run_id,
+                    json,
+                    verbose,
+                },
+        } => run::show(&cli, run_id, *json, *verbose),
         Command::Runs {
             command: RunsCommand::Cancel { run_id, by, server },
         } => runs::cancel(&cli, server.server(), run_id, by.as_deref()),
@@ -465,4 +497,45 @@ pub(crate) fn open_store(
     config
         .open_store()
         .with_context(|| format!("cannot open the store at {place}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every command, flag and argument explains itself in `--help`.
+    #[test]
+    fn every_command_flag_and_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let builtin = matches!(a.get_id().as_str(), "help" | "version");
+                if !builtin && !a.is_hide_set() && a.get_help().is_none() {
+                    missing.push(format!("{path} {}", a.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+                let name = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    missing.push(name.clone());
+                }
+                walk(sub, &name, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "vectorstep", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:#?}");
+    }
+
+    #[test]
+    fn set_takes_key_equals_value_only() {
+        for (arg, ok) in [
+            ("a=b", true),
+            ("a=", true),
+            ("a==b", true),
+            ("=b", false),
+            ("ab", false),
+        ] {
+            assert_eq!(super::key_value(arg).is_ok(), ok, "{arg}");
+        }
+    }
 }

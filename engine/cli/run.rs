@@ -34,6 +34,13 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
     super::init_logging(&config, "warn");
     let (set, name) = find_pipeline(&config, args.pipeline)?;
     let mut payload: Value = match args.payload {
+        Some(p) if p.as_os_str() == "-" => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("cannot read the payload from standard input")?;
+            serde_json::from_str(&text)
+                .context("the payload on standard input is not valid JSON")?
+        }
         Some(p) => {
             let text = std::fs::read_to_string(p)
                 .with_context(|| format!("cannot read {}", p.display()))?;
@@ -54,6 +61,7 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
         .map_err(|e| anyhow::anyhow!("invalid payload: {e}"))?;
     trigger.pipeline = Some(name.clone());
     for kv in args.set {
+        // The parser checked the shape (`cli::key_value`).
         let (k, v) = kv
             .split_once('=')
             .ok_or_else(|| anyhow::anyhow!("--set expects key=value, got `{kv}`"))?;
@@ -390,7 +398,7 @@ pub fn list(
     Ok(0)
 }
 
-pub fn show(cli: &Cli, run_id: &str, json: bool) -> anyhow::Result<i32> {
+pub fn show(cli: &Cli, run_id: &str, json: bool, verbose: bool) -> anyhow::Result<i32> {
     let config = load_config(&cli.config)?;
     let store = super::open_store(&config)?;
     let run = store
@@ -424,6 +432,10 @@ pub fn show(cli: &Cli, run_id: &str, json: bool) -> anyhow::Result<i32> {
     }
     println!();
     print!("{}", view::step_table(&steps));
+    if verbose {
+        println!();
+        print!("{}", view::step_details(&steps));
+    }
     if !journals.is_empty() {
         let detail = view::run_detail(&run, &steps, &[], &journals);
         print!("{}", view::agent_turn_tables(&detail));

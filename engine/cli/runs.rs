@@ -8,9 +8,6 @@ use serde_json::{json, Value};
 use super::approvals::{auth_hint, base_url, Server};
 use super::Cli;
 
-/// Exit status of a usage error of these commands (`EX_USAGE`, SPEC 1).
-pub const USAGE: i32 = 64;
-
 const RUNS: &str = "cancelling and replaying runs need";
 
 /// Who asked, when the server has no auth to say it: `--by`, else `$USER`.

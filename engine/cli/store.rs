@@ -1,14 +1,13 @@
 //! `vectorstep store copy --from URL --to URL`: every run, step, event, approval,
 //! notification and journal row of one store copied into another, empty one
 //! (`store::copy_all`), e.g. a single node's SQLite file into the PostgreSQL
-//! database its replicas will share. Exit 0 when copied, 2 for a store that is not
+//! database its replicas will share. Exit 0 when copied, 64 for a store that is not
 //! `sqlite:PATH`/`postgres://...`, 1 when the copy is refused or fails. URLs are
 //! shown without their password, errors included.
 
 use vectorstep::store::{copy_all, redact_url, CopyError, StoreLocation};
 
-/// Exit status for a usage error (an argument that names no store).
-pub const USAGE: i32 = 2;
+use super::USAGE;
 
 pub fn copy(from: &str, to: &str) -> i32 {
     let (source, target) = match (StoreLocation::parse(from), StoreLocation::parse(to)) {

@@ -8,6 +8,11 @@ use vectorstep::pipeline::{self, PipelineSet};
 
 /// Loads pipelines from `paths` (or the configured folder), printing diagnostics.
 pub fn load_pipelines(config: &Config, paths: &[PathBuf]) -> anyhow::Result<PipelineSet> {
+    load_counting(config, paths).map(|(set, _)| set)
+}
+
+/// [`load_pipelines`], with the number of warnings printed.
+fn load_counting(config: &Config, paths: &[PathBuf]) -> anyhow::Result<(PipelineSet, usize)> {
     let paths = if paths.is_empty() {
         vec![config.pipeline_config_dir.clone()]
     } else {
@@ -18,17 +23,23 @@ pub fn load_pipelines(config: &Config, paths: &[PathBuf]) -> anyhow::Result<Pipe
         eprintln!("{d}");
     }
     match set {
-        Some(s) => Ok(s),
+        Some(s) => Ok((s, diags.warnings().count())),
         None => anyhow::bail!("{} error(s); nothing was loaded", diags.error_count()),
     }
 }
 
-pub fn validate(cli: &Cli, paths: &[PathBuf]) -> anyhow::Result<i32> {
-    let config = load_config(&cli.config)?;
+/// `validate [PATH...] [--strict]`: exit 0 with `N pipelines OK`, 1 on any
+/// error, and with `--strict` on any warning too (config.yaml's included).
+pub fn validate(cli: &Cli, paths: &[PathBuf], strict: bool) -> anyhow::Result<i32> {
+    let (config, config_warnings) = super::load_config_counting(&cli.config)?;
     let scripts = check_scripts(&config);
-    let set = load_pipelines(&config, paths)?;
+    let (set, warnings) = load_counting(&config, paths)?;
     if scripts > 0 {
         anyhow::bail!("{scripts} scripted provider script(s) cannot be used");
+    }
+    let warnings = warnings + config_warnings;
+    if strict && warnings > 0 {
+        anyhow::bail!("{warnings} warning(s), and --strict makes warnings fail");
     }
     println!("{} pipelines OK", set.len());
     Ok(0)

@@ -44,26 +44,7 @@ pub struct Timeline {
     pub span_ms: i64,
 }
 
-/// The display label of fan-out item `index` (SPEC 12): a scalar item itself,
-/// else its `name` or `id` field, else the index. Only a label: the step path
-/// stays `<fan_out>/<index>`.
-pub fn item_label(items: Option<&Value>, index: usize) -> String {
-    let item = items.and_then(|v| v.as_array()).and_then(|a| a.get(index));
-    let text = match item {
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(v @ (Value::Number(_) | Value::Bool(_))) => Some(v.to_string()),
-        Some(Value::Object(o)) => ["name", "id"].iter().find_map(|k| match o.get(*k) {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(v @ Value::Number(_)) => Some(v.to_string()),
-            _ => None,
-        }),
-        _ => None,
-    };
-    match text {
-        Some(t) if !t.trim().is_empty() => t.chars().take(80).collect(),
-        _ => index.to_string(),
-    }
-}
+pub use crate::view::item_label;
 
 fn duration(ms: i64) -> String {
     if ms < 1000 {
