@@ -371,3 +371,65 @@ fn completions_for_each_shell() {
         );
     }
 }
+
+#[test]
+fn validate_fails_on_unknown_filters_and_steps_and_strict_fails_on_warnings() {
+    let typo_filter = "name: f\ntrigger: {}\nsteps:\n  - name: triage\n    executor: mock\n    prompt_template: |\n      Alert:\n      {{ summary | upper_case }}\n";
+    let typo_step = "name: s\ntrigger: {}\nsteps:\n  - name: triage\n    executor: mock\n  - name: report\n    executor: mock\n    prompt_template: \"{{ steps.triag.summary }}\"\n";
+    let later_step = "name: l\ntrigger: {}\nsteps:\n  - name: report\n    executor: mock\n    prompt_template: \"{{ steps.triage.summary }}\"\n  - name: triage\n    executor: mock\n";
+    let bad_when = "name: w\ntrigger: {}\nsteps:\n  - name: a\n    executor: mock\n    when: \"labels.x is definedd\"\n";
+    for (yaml, wants) in [
+        (
+            typo_filter,
+            &[
+                "f.yaml:8:",
+                "error:",
+                "unknown filter `upper_case`",
+                "did you mean `upper`?",
+            ][..],
+        ),
+        (
+            typo_step,
+            &[
+                "s.yaml:8:",
+                "error:",
+                "`steps.triag` refers to no step",
+                "did you mean `steps.triage`?",
+            ][..],
+        ),
+        (
+            bad_when,
+            &[
+                "error:",
+                "unknown test `definedd`",
+                "did you mean `defined`?",
+            ][..],
+        ),
+    ] {
+        let s = Scratch::new(&[]);
+        let file = s.path().join(format!("{}.yaml", &yaml[6..7]));
+        std::fs::write(&file, yaml).unwrap();
+        let o = s.run(&["validate", file.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        for want in wants {
+            assert!(err.contains(want), "{want:?} missing in:\n{err}");
+        }
+    }
+    // A step that exists but runs later stays a warning; --strict fails on it.
+    let s = Scratch::new(&[]);
+    let file = s.path().join("l.yaml");
+    std::fs::write(&file, later_step).unwrap();
+    let o = s.run(&["validate", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("warning:") && err.contains("does not run before `report`"),
+        "{err}"
+    );
+    assert!(stdout(&o).contains("1 pipelines OK"), "{}", stdout(&o));
+    let o = s.run(&["validate", "--strict", file.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("--strict"), "{err}");
+}

@@ -138,8 +138,15 @@ fn fingerprint_follows_what_runs_and_nothing_else() {
     let changes: Vec<(&str, String)> = vec![
         // Plain steps.
         ("step added", format!("{BASE}{EXTRA_STEP}")),
-        ("step removed", edit(CHECK, "")),
-        ("step renamed", edit("- name: check\n", "- name: verify\n")),
+        // (A reference to a step that does not exist is a load error.)
+        (
+            "step removed",
+            edit(CHECK, "").replace("steps.check.services", "steps.triage.services"),
+        ),
+        (
+            "step renamed",
+            edit("- name: check\n", "- name: verify\n").replace("steps.check.", "steps.verify."),
+        ),
         ("steps reordered", edit(&format!("{TRIAGE}{CHECK}"), &format!("{CHECK}{TRIAGE}"))),
         (
             "step executor",

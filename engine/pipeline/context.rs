@@ -28,6 +28,19 @@ pub struct Ctx<'a> {
     pub(super) fan_outs: Vec<String>,
     /// The unit being validated, named in warnings.
     pub(super) current: String,
+    /// `steps.X` references to no step before them, kept until the whole
+    /// pipeline is read ([`Ctx::settle_refs`]): a step that runs later is a
+    /// warning, a step that does not exist an error. `None` for a library step,
+    /// whose references name steps of the pipelines that use it: warned at once.
+    pending_refs: Option<Vec<PendingRef>>,
+}
+
+/// A `steps.X` reference waiting for [`Ctx::settle_refs`].
+struct PendingRef {
+    reference: String,
+    span: Span,
+    path: String,
+    unit: String,
 }
 
 impl<'a> Ctx<'a> {
@@ -41,6 +54,67 @@ impl<'a> Ctx<'a> {
             available: HashSet::new(),
             fan_outs: Vec::new(),
             current: String::new(),
+            pending_refs: None,
+        }
+    }
+
+    /// A context for a whole pipeline: references to steps that do not exist
+    /// become errors once every step is known.
+    pub fn for_pipeline(config: &'a Config, library: &'a Library) -> Self {
+        Ctx {
+            pending_refs: Some(Vec::new()),
+            ..Ctx::new(config, library)
+        }
+    }
+
+    /// After the last step: each reference to a step that did not run before it
+    /// is a warning if the step exists (it runs later, so it renders empty) and
+    /// an error with a did-you-mean if it does not.
+    pub fn settle_refs(&mut self, d: &mut Diagnostics) {
+        let Some(pending) = self.pending_refs.take() else {
+            return;
+        };
+        let names: Vec<String> = self
+            .claimed
+            .keys()
+            .flat_map(|p| {
+                let leaf = p.rsplit('/').next().unwrap_or(p).to_string();
+                [p.clone(), leaf.clone(), leaf.replace('-', "_")]
+            })
+            .collect();
+        let mut seen = HashSet::new();
+        for r in pending {
+            // A template checked twice (a library step's, say) reports once.
+            if !seen.insert((r.reference.clone(), r.path.clone(), r.span.line)) {
+                continue;
+            }
+            let base = r.reference.split('/').next().unwrap_or(&r.reference);
+            if names.iter().any(|n| n == base) {
+                d.warning(
+                    &r.span,
+                    &r.path,
+                    format!(
+                        "`steps.{}` refers to a step that does not run before `{}`; it will render empty",
+                        r.reference, r.unit
+                    ),
+                );
+                continue;
+            }
+            let hint = match crate::diag::did_you_mean(base, names.iter().map(String::as_str)) {
+                Some(s) => format!("did you mean `steps.{s}`?"),
+                None => {
+                    let mut known: Vec<&str> = names.iter().map(String::as_str).collect();
+                    known.sort_unstable();
+                    known.dedup();
+                    format!("the steps of this pipeline: {}", known.join(", "))
+                }
+            };
+            d.error_hint(
+                &r.span,
+                &r.path,
+                format!("`steps.{}` refers to no step of this pipeline", r.reference),
+                hint,
+            );
         }
     }
 
@@ -90,14 +164,25 @@ impl<'a> Ctx<'a> {
         self.available.insert(name.replace('-', "_"));
     }
 
-    /// Warns about `steps.X` references to steps that do not run earlier.
-    pub fn check_refs(&self, source: &str, node: &Node, path: &str, d: &mut Diagnostics) {
+    /// Checks `steps.X` references against the steps that run earlier; the
+    /// others wait for [`Ctx::settle_refs`] (or, in a library step, warn).
+    pub fn check_refs(&mut self, source: &str, node: &Node, path: &str, d: &mut Diagnostics) {
         for r in step_references(source) {
             let known = self.available.contains(&r)
                 || r.split_once('/').is_some_and(|(fo, i)| {
                     self.fan_outs.iter().any(|f| f == fo) && i.chars().all(|c| c.is_ascii_digit())
                 });
-            if !known {
+            if known {
+                continue;
+            }
+            if let Some(pending) = &mut self.pending_refs {
+                pending.push(PendingRef {
+                    reference: r,
+                    span: node.span.clone(),
+                    path: path.to_string(),
+                    unit: self.current.clone(),
+                });
+            } else {
                 d.warning(
                     &node.span,
                     path,
@@ -160,25 +245,48 @@ impl<'a> Ctx<'a> {
             self.templates.add(path, source)
         };
         match compiled {
-            Ok(t) => Some(t),
+            Ok(t) => {
+                self.check_names(source, n, path, d);
+                Some(t)
+            }
             Err(e) => {
-                let leading_blank = source.chars().take_while(|c| *c == '\n').count();
-                // Only a literal block keeps its lines; quoted and folded text maps to
-                // where the value starts.
-                let line = match n.style {
-                    ScalarStyle::Literal => {
-                        let first = n.span.line.saturating_sub(leading_blank);
-                        let last =
-                            first + source.trim_end_matches('\n').split('\n').count().max(1) - 1;
-                        // An error at end of input points at the block's last line.
-                        (first + e.line.max(1) - 1).min(last)
-                    }
-                    _ => n.span.line,
-                };
-                let span = Span::new(n.span.file.clone(), line.max(1), n.span.col);
+                let span = template_line(n, source, e.line);
                 d.error_hint(&span, path, e.message, "templates use Jinja syntax: `{{ labels.service }}`, `{% if ... %}...{% endif %}`");
                 None
             }
         }
     }
+
+    /// Unknown filters, tests and functions of a compiled template (or `when`
+    /// expression) are errors at the line they sit on.
+    pub fn check_names(&self, source: &str, n: &Node, path: &str, d: &mut Diagnostics) {
+        for u in self.templates.unknown_names(source) {
+            let hint = match u.suggestion {
+                Some(s) => format!("did you mean `{s}`?"),
+                None => format!("see the {}s in docs/pipelines.md, section 11", u.kind),
+            };
+            d.error_hint(
+                &template_line(n, source, u.line),
+                path,
+                format!("unknown {} `{}`", u.kind, u.name),
+                hint,
+            );
+        }
+    }
+}
+
+/// Where line `line` of the template in `n` sits in the YAML file. Only a
+/// literal block keeps its lines; quoted and folded text maps to where the value
+/// starts. A line past the end points at the block's last line.
+fn template_line(n: &Node, source: &str, line: usize) -> Span {
+    let leading_blank = source.chars().take_while(|c| *c == '\n').count();
+    let line = match n.style {
+        ScalarStyle::Literal => {
+            let first = n.span.line.saturating_sub(leading_blank);
+            let last = first + source.trim_end_matches('\n').split('\n').count().max(1) - 1;
+            (first + line.max(1) - 1).min(last)
+        }
+        _ => n.span.line,
+    };
+    Span::new(n.span.file.clone(), line.max(1), n.span.col)
 }

@@ -147,7 +147,15 @@ fn when(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Expr> {
         .to_string();
     cx.check_refs(&src, n, &o.path_of("when"), d);
     match cx.templates.add_expr(&o.path_of("when"), &src) {
-        Ok(e) => Some(e),
+        Ok(e) => {
+            cx.check_names(
+                &format!("{{% if {src} %}}{{% endif %}}"),
+                n,
+                &o.path_of("when"),
+                d,
+            );
+            Some(e)
+        }
         Err(e) => {
             d.error_hint(
                 &n.span,

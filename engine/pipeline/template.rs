@@ -164,6 +164,196 @@ impl Templates {
 }
 
 /// Step names a template refers to through `steps.NAME` or `steps['NAME']`.
+/// A filter, test or function a template calls that the engine does not have.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnknownName {
+    /// `filter`, `test` or `function`.
+    pub kind: &'static str,
+    pub name: String,
+    /// The line within the template (1-based).
+    pub line: usize,
+    /// A known name close to it.
+    pub suggestion: Option<&'static str>,
+}
+
+/// Builtin names offered as "did you mean" suggestions (minijinja's builtins);
+/// whether a name exists is asked of the environment itself.
+const FILTER_NAMES: &[&str] = &[
+    "abs",
+    "attr",
+    "batch",
+    "bool",
+    "capitalize",
+    "count",
+    "d",
+    "default",
+    "dictsort",
+    "e",
+    "escape",
+    "first",
+    "float",
+    "groupby",
+    "indent",
+    "int",
+    "items",
+    "join",
+    "last",
+    "length",
+    "lines",
+    "list",
+    "lower",
+    "map",
+    "max",
+    "min",
+    "pprint",
+    "reject",
+    "rejectattr",
+    "replace",
+    "reverse",
+    "round",
+    "safe",
+    "select",
+    "selectattr",
+    "slice",
+    "sort",
+    "split",
+    "string",
+    "sum",
+    "title",
+    "tojson",
+    "trim",
+    "unique",
+    "upper",
+    "urlencode",
+];
+const TEST_NAMES: &[&str] = &[
+    "boolean",
+    "defined",
+    "divisibleby",
+    "endingwith",
+    "eq",
+    "equalto",
+    "escaped",
+    "even",
+    "false",
+    "filter",
+    "float",
+    "ge",
+    "gt",
+    "in",
+    "integer",
+    "iterable",
+    "le",
+    "lower",
+    "lt",
+    "mapping",
+    "ne",
+    "none",
+    "number",
+    "odd",
+    "safe",
+    "sameas",
+    "sequence",
+    "startingwith",
+    "string",
+    "test",
+    "true",
+    "undefined",
+    "upper",
+];
+const FUNCTION_NAMES: &[&str] = &["debug", "dict", "namespace", "range"];
+/// A known name close to `name`: a near spelling, else one it starts or ends
+/// with (`upper_case`, `touppercase` -> `upper`), the longest such.
+fn suggest(name: &str, known: &[&'static str]) -> Option<&'static str> {
+    crate::diag::did_you_mean(name, known.iter().copied()).or_else(|| {
+        let lower = name.to_ascii_lowercase();
+        known
+            .iter()
+            .copied()
+            .filter(|k| k.len() >= 3 && (lower.starts_with(k) || lower.ends_with(k)))
+            .max_by_key(|k| k.len())
+    })
+}
+
+/// Names a template may call that are not global functions.
+const CALLABLE_LOCALS: &[&str] = &["caller", "loop", "super", "self", "varargs", "kwargs"];
+
+impl Templates {
+    /// The filters, tests and functions `source` names that this environment does
+    /// not have. minijinja looks them up only when a template renders, which for
+    /// a late step is after the model calls were paid for; this makes them load
+    /// errors. `source` has compiled already (a syntax error is reported first).
+    pub fn unknown_names(&self, source: &str) -> Vec<UnknownName> {
+        use minijinja::machinery::{self, Instruction};
+        let Ok(ast) = machinery::parse(source, "t", Default::default(), Default::default()) else {
+            return Vec::new();
+        };
+        let mut g = machinery::CodeGenerator::new("t", source);
+        g.compile_stmt(&ast);
+        let (root, blocks) = g.finish();
+        let mut defined: Vec<&str> = CALLABLE_LOCALS.to_vec();
+        let mut used: Vec<(&'static str, &str, usize)> = Vec::new();
+        for code in std::iter::once(&root).chain(blocks.values()) {
+            for idx in 0..code.len() as u32 {
+                let line = code.get_line(idx).unwrap_or(1);
+                match code.get(idx) {
+                    Some(Instruction::ApplyFilter(name, ..)) => used.push(("filter", name, line)),
+                    Some(Instruction::PerformTest(name, ..)) => used.push(("test", name, line)),
+                    Some(Instruction::CallFunction(name, _)) => used.push(("function", name, line)),
+                    Some(Instruction::BuildMacro(name, ..) | Instruction::StoreLocal(name)) => {
+                        defined.push(name)
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut unknown: Vec<UnknownName> = Vec::new();
+        for (kind, name, line) in used {
+            if unknown.iter().any(|u| u.kind == kind && u.name == name)
+                || (kind == "function" && defined.contains(&name))
+                || self.knows(kind, name)
+            {
+                continue;
+            }
+            let known = match kind {
+                "filter" => FILTER_NAMES,
+                "test" => TEST_NAMES,
+                _ => FUNCTION_NAMES,
+            };
+            unknown.push(UnknownName {
+                kind,
+                name: name.to_string(),
+                line,
+                suggestion: suggest(name, known),
+            });
+        }
+        unknown
+    }
+
+    /// Whether the environment has filter, test or function `name`: a probe
+    /// that fails with "unknown" only when it does not.
+    fn knows(&self, kind: &str, name: &str) -> bool {
+        use minijinja::ErrorKind;
+        let (probe, missing) = match kind {
+            "filter" => (format!("{{{{ none | {name} }}}}"), ErrorKind::UnknownFilter),
+            "test" => (
+                format!("{{% if none is {name} %}}{{% endif %}}"),
+                ErrorKind::UnknownTest,
+            ),
+            _ => (
+                format!("{{% if {name} is defined %}}1{{% endif %}}"),
+                ErrorKind::UnknownFunction,
+            ),
+        };
+        match self.env.render_str(&probe, ()) {
+            // A function is a global: `is defined` says whether there is one.
+            Ok(out) if kind == "function" => out == "1",
+            Ok(_) => true,
+            Err(e) => e.kind() != missing,
+        }
+    }
+}
+
 pub fn step_references(source: &str) -> Vec<String> {
     static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
     let re = RE.get_or_init(|| {
@@ -199,6 +389,48 @@ mod tests {
             t.render(&plain, &ctx).unwrap(),
             "<b><script>alert(1)</script></b> a & b"
         );
+    }
+
+    #[test]
+    fn unknown_filters_tests_and_functions_are_found_and_known_ones_are_not() {
+        let t = Templates::new();
+        type Found<'a> = (&'a str, &'a str, Option<&'a str>);
+        let cases: &[(&str, &[Found])] = &[
+            (
+                "{{ labels.service | upper }} {{ x | tojson }} {{ y | default('n') }}",
+                &[],
+            ),
+            (
+                "{{ summary | upper_case }}",
+                &[("filter", "upper_case", Some("upper"))],
+            ),
+            ("{% if x is defined and y is odd %}{% endif %}", &[]),
+            (
+                "{% if x is definedd %}{% endif %}",
+                &[("test", "definedd", Some("defined"))],
+            ),
+            (
+                "{% for i in range(3) %}{{ loop.index }}{% endfor %}{{ dict(a=1) }}",
+                &[],
+            ),
+            ("{{ now() }}", &[("function", "now", None)]),
+            ("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1) }}", &[]),
+            (
+                "line one\n{{ a | nope }}\n{{ b | nope }}",
+                &[("filter", "nope", None)],
+            ),
+            ("{{ items.keys() }} {{ s.upper() }}", &[]),
+        ];
+        for (source, want) in cases {
+            let found = t.unknown_names(source);
+            let got: Vec<Found> = found
+                .iter()
+                .map(|u| (u.kind, u.name.as_str(), u.suggestion))
+                .collect();
+            assert_eq!(&got, want, "{source}");
+        }
+        let lines = t.unknown_names("a\nb\n{{ x | nope }}");
+        assert_eq!(lines[0].line, 3, "the template line it sits on");
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub fn pipeline(
     d: &mut Diagnostics,
 ) -> Option<(Pipeline, Vec<SubpipelineRef>)> {
     let o = Obj::new(root, "", PIPELINE_KEYS, &["readiness"], d)?;
-    let mut cx = Ctx::new(config, library);
+    let mut cx = Ctx::for_pipeline(config, library);
     let name = o.req_str(d, "name");
     if let (Some(n), Some(node)) = (&name, o.get("name")) {
         if n.trim().is_empty() {
@@ -112,6 +112,7 @@ pub fn pipeline(
         .get("notifications")
         .map(|n| notifications(n, &mut cx, d))
         .unwrap_or_default();
+    cx.settle_refs(d);
     let schedule = o.get("schedule").and_then(|n| schedule(n, d));
     let budget = o.get("budget").and_then(|n| budget(n, d));
     let durable = o.get("durable").and_then(|n| durable(n, d));
