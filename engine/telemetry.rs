@@ -21,6 +21,77 @@ pub const NOTIFICATIONS: &str = "vectorstep_notifications_total";
 /// Replicas seen alive on a shared (PostgreSQL) store, this one included.
 pub const REPLICAS: &str = "vectorstep_replicas";
 
+/// Bucket bounds of `step_duration_seconds`, in seconds: from a 50 ms mock or
+/// shell step to an hour-long wait, roughly doubling.
+pub const STEP_DURATION_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+/// Every metric with its `# HELP` text (docs/operations.md lists them).
+pub const DESCRIPTIONS: &[(&str, &str)] = &[
+    (RUNS_STARTED, "Runs started, by pipeline."),
+    (RUNS_FINISHED, "Runs that reached a terminal status (interrupted included), by pipeline and status."),
+    (RUNS_IN_PROGRESS, "Runs this process is driving now."),
+    (RUNS_RESUMED, "Runs resumed after a restart, by pipeline."),
+    (RUNS_ADOPTED, "Runs taken over from another replica, by pipeline."),
+    (RUNS_INTERRUPTED, "Runs ended as interrupted at a restart, by pipeline and reason."),
+    (STEPS, "Steps that finished, by pipeline, step, executor and status."),
+    (STEP_DURATION, "How long steps took, in seconds, by pipeline, step and executor."),
+    (TOKENS, "Model tokens used, by pipeline and direction (input, output)."),
+    (COST, "Model cost in US dollars, by pipeline."),
+    (APPROVALS_PENDING, "Human approvals waiting for a decision."),
+    (APPROVAL_DECISIONS, "Human approval decisions, by pipeline and decision."),
+    (WEBHOOKS, "Trigger requests, by source and answer (accepted, deduplicated, no_match, bad_request, ...)."),
+    (NOTIFICATIONS, "Notifications sent, by channel and result."),
+    (REPLICAS, "Replicas seen alive on the shared store, this one included."),
+];
+
+/// Installs the Prometheus recorder: step durations as a histogram, every
+/// metric described.
+pub fn install_prometheus(
+) -> Result<metrics_exporter_prometheus::PrometheusHandle, metrics_exporter_prometheus::BuildError>
+{
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(STEP_DURATION.to_string()),
+            STEP_DURATION_BUCKETS,
+        )?
+        .install_recorder()?;
+    for (name, help) in DESCRIPTIONS {
+        match *name {
+            RUNS_IN_PROGRESS | APPROVALS_PENDING | REPLICAS | COST => {
+                metrics::describe_gauge!(*name, *help)
+            }
+            STEP_DURATION => metrics::describe_histogram!(*name, metrics::Unit::Seconds, *help),
+            _ => metrics::describe_counter!(*name, *help),
+        }
+    }
+    Ok(handle)
+}
+
+/// Exports every counter labelled by pipeline alone (and the finished runs by
+/// each terminal status) at 0 for each loaded pipeline, so `increase()` sees a
+/// pipeline's first event. Adding 0 to an existing series changes nothing, so
+/// this may run again after a reload.
+pub fn zero_pipeline_counters<'a>(pipelines: impl Iterator<Item = &'a str>) {
+    use crate::domain::Word as _;
+    for p in pipelines {
+        for name in [RUNS_STARTED, RUNS_RESUMED] {
+            counter!(name, "pipeline" => p.to_string()).increment(0);
+        }
+        for status in crate::domain::RunStatus::ALL
+            .iter()
+            .filter(|s| **s != crate::domain::RunStatus::Running)
+        {
+            counter!(RUNS_FINISHED, "pipeline" => p.to_string(), "status" => status.as_str())
+                .increment(0);
+        }
+        for direction in ["input", "output"] {
+            counter!(TOKENS, "pipeline" => p.to_string(), "direction" => direction).increment(0);
+        }
+    }
+}
+
 pub fn run_started(pipeline: &str) {
     counter!(RUNS_STARTED, "pipeline" => pipeline.to_string()).increment(1);
 }

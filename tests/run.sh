@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh machine too: installs the system tools some tests
 # drive (systemd-analyze for the documented unit, a PostgreSQL server the store tests
-# start and throw away, a headless Chromium for the web pages' browser tests) when
+# start and throw away, a headless Chromium for the web pages' browser tests,
+# promtool from prometheus to check /metrics) when
 # they are missing, then runs
 # `cargo test`, and the engine's integration tests once more on PostgreSQL. Plain `cargo test` works where they are installed, and a test whose
 # tool is missing fails naming the package, never skips.
@@ -12,6 +13,7 @@ missing=()
 command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 
 if ((${#missing[@]})); then
   if [[ $(id -u) -ne 0 ]] && ! command -v sudo >/dev/null 2>&1; then

@@ -1107,8 +1107,42 @@ async fn metrics_count_runs_steps_and_webhooks() {
             ),
         ),
         ("z-breaks", failing),
+        (
+            "z-idle",
+            pipeline(
+                "idle",
+                "production",
+                "  match: {alertname: Never}",
+                &[("x", 0)],
+            ),
+        ),
     ];
     let s = Intake::start("", "", &pipelines).await;
+
+    // Before any event: every loaded pipeline's counters are there at 0, and
+    // every metric family has its # HELP.
+    let text = s.get("/metrics").await.text;
+    let zero = parse_prometheus(&text);
+    for p in ["two-steps", "breaks", "idle"] {
+        for (name, labels) in [
+            ("vectorstep_runs_started_total", vec![("pipeline", p)]),
+            (
+                "vectorstep_runs_finished_total",
+                vec![("pipeline", p), ("status", "completed")],
+            ),
+            (
+                "vectorstep_runs_finished_total",
+                vec![("pipeline", p), ("status", "interrupted")],
+            ),
+            ("vectorstep_runs_resumed_total", vec![("pipeline", p)]),
+        ] {
+            assert_eq!(
+                value(&zero, name, &labels),
+                Some(0.0),
+                "{name} {labels:?}:\n{text}"
+            );
+        }
+    }
 
     let mut ids = Vec::new();
     for i in 0..3 {
@@ -1256,7 +1290,7 @@ async fn metrics_count_runs_steps_and_webhooks() {
     );
     assert_eq!(v("vectorstep_webhooks_total", &[]), Some(9.0), "{m:#?}");
     assert_eq!(v("vectorstep_runs_in_progress", &[]), Some(0.0));
-    // Each step duration was observed once per step run.
+    // Each step duration was observed once per step run, into a histogram.
     assert_eq!(
         v(
             "vectorstep_step_duration_seconds_count",
@@ -1264,6 +1298,75 @@ async fn metrics_count_runs_steps_and_webhooks() {
         ),
         Some(3.0),
         "{m:#?}"
+    );
+    for (le, want) in [("0.05", 3.0), ("3600", 3.0), ("+Inf", 3.0)] {
+        assert_eq!(
+            v(
+                "vectorstep_step_duration_seconds_bucket",
+                &[("pipeline", "two-steps"), ("step", "first"), ("le", le)]
+            ),
+            Some(want),
+            "le={le}: {m:#?}"
+        );
+    }
+    let text = s.get("/metrics").await.text;
+    assert!(
+        text.contains("# TYPE vectorstep_step_duration_seconds histogram"),
+        "{text}"
+    );
+    let families: std::collections::BTreeSet<&str> = m
+        .iter()
+        .map(|x| {
+            ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|suffix| {
+                    x.name
+                        .strip_suffix(suffix)
+                        .filter(|_| x.name.starts_with("vectorstep_step_duration"))
+                })
+                .unwrap_or(&x.name)
+        })
+        .collect();
+    for family in families {
+        assert!(
+            text.contains(&format!("# HELP {family} ")),
+            "no # HELP for {family}:\n{text}"
+        );
+    }
+    promtool_check(&text);
+}
+
+/// `promtool check metrics` (Debian package `prometheus`) finds nothing wrong.
+fn promtool_check(text: &str) {
+    use std::io::Write as _;
+    let mut child = match std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => panic!(
+            "promtool is needed to check /metrics ({e}); install it: sudo apt-get install -y prometheus \
+             (tests/run.sh does)"
+        ),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics:\n{said}\n{text}"
     );
 }
 

@@ -40,9 +40,9 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         Some(t) => Some(vectorstep::telegram::Client::standalone(t)?),
         None => None,
     };
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
+    let metrics = vectorstep::telemetry::install_prometheus()
         .context("cannot install the metrics recorder")?;
+    vectorstep::telemetry::zero_pipeline_counters(set.pipelines.iter().map(|p| p.name.as_str()));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

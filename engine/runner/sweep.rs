@@ -314,6 +314,11 @@ pub(super) async fn settle(
             } => {
                 tracing::warn!(run_id = %run.id, pipeline = %run.pipeline_name, reason, "Run not resumed: {message}");
                 crate::telemetry::run_interrupted(&run.pipeline_name, reason);
+                // A terminal status like any other: finished runs count it too.
+                crate::telemetry::run_finished(
+                    &run.pipeline_name,
+                    crate::domain::RunStatus::Interrupted.as_str(),
+                );
                 writes.push(event.write(&run.id, now, message.clone()));
                 if !matches!(event, Event::RunInterrupted { .. }) {
                     writes.push(
