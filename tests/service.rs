@@ -324,6 +324,10 @@ steps:
             && l.contains("alertmanager")),
         "no INFO line for the skip:\n{log}"
     );
+    assert!(
+        !log.contains('\u{1b}'),
+        "no ANSI colour codes in a log that is not a terminal:\n{log}"
+    );
     let m = s.metrics().await;
     assert_eq!(
         value(

@@ -293,8 +293,12 @@ pub fn init_logging(config: &vectorstep::config::Config, default_level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    // Colours only for a person at a terminal: a log file or journald gets plain
+    // text, not escape codes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = if config.logging.json {
         builder.json().try_init()
