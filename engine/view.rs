@@ -121,6 +121,22 @@ pub fn log_entry_json(e: &EventRecord) -> String {
     out
 }
 
+/// What started the run, from its stored trigger: `labels`, `severity`,
+/// `summary`, for an Alertmanager notification its `status` and the chosen
+/// alert's `fingerprint`, and `dedup_key` (what deduplication compared).
+fn trigger(r: &RunRecord) -> Value {
+    let t: crate::run::context::Normalised =
+        serde_json::from_str(&r.context_json).unwrap_or_default();
+    json!({
+        "labels": t.labels,
+        "severity": t.severity,
+        "summary": t.summary,
+        "status": t.notification_status(),
+        "fingerprint": t.alert.as_ref().and_then(|a| a.get("fingerprint")).cloned(),
+        "dedup_key": r.dedup_fingerprint,
+    })
+}
+
 /// `journals` are the agent steps' journals (`Store::journals_of_run`): each such
 /// step gets its `turns`, with their tool calls.
 pub fn run_detail(
@@ -132,6 +148,7 @@ pub fn run_detail(
     let mut v = run_summary(r);
     if let Value::Object(m) = &mut v {
         m.insert("final_output".into(), parse(r.final_output_json.as_deref()));
+        m.insert("trigger".into(), trigger(r));
         let steps = steps
             .iter()
             .map(|s| {

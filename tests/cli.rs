@@ -432,4 +432,21 @@ fn validate_fails_on_unknown_filters_and_steps_and_strict_fails_on_warnings() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("--strict"), "{err}");
+
+    // A pipeline without `stage` that matches alerts is warned about: every alert
+    // it matches would be answered skipped_testing.
+    for (stage, warned) in [
+        ("", true),
+        ("stage: testing\n", true),
+        ("stage: production\n", false),
+    ] {
+        let s = Scratch::new(&[]);
+        let file = s.path().join("t.yaml");
+        let yaml = format!("name: t\n{stage}trigger:\n  match: {{severity: critical}}\nsteps:\n  - name: a\n    executor: mock\n");
+        std::fs::write(&file, yaml).unwrap();
+        let o = s.run(&["validate", file.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        assert_eq!(err.contains("skipped_testing"), warned, "{stage:?}: {err}");
+    }
 }

@@ -272,6 +272,13 @@ steps:
     let id = assert_accepted(&a, "am-context");
     let run = s.wait_terminal(&id).await;
     assert_eq!(run["status"], "completed", "{run:#}");
+    // The run JSON shows what started it.
+    assert_eq!(run["trigger"]["labels"]["service"], "checkout", "{run:#}");
+    assert_eq!(
+        run["trigger"]["fingerprint"], first["fingerprint"],
+        "{run:#}"
+    );
+    assert_eq!(run["trigger"]["status"], "firing", "{run:#}");
     let summary = |path: &str| {
         run["steps"]
             .as_array()

@@ -61,6 +61,27 @@ pub fn pipeline(
             None
         }
     };
+    if stage == Stage::Testing {
+        // An empty match is the usual shape of a pipeline started by name, so
+        // only a pipeline that says what alerts it wants is warned about.
+        if trigger
+            .as_ref()
+            .is_some_and(|t| !t.conditions.is_empty() && takes_alerts(t))
+        {
+            let at = o.get("stage").or(o.get("name")).unwrap_or(root);
+            let said = if o.get("stage").is_some() {
+                "is `stage: testing`"
+            } else {
+                "has no `stage`, so it is in stage testing"
+            };
+            d.warning_hint(
+                &at.span,
+                "stage",
+                format!("the pipeline {said}: an Alertmanager notification it matches is answered `202 skipped_testing` and starts nothing"),
+                "set `stage: production` to run it on alerts; `?allow_testing=true` runs a testing pipeline on purpose",
+            );
+        }
+    }
     let vars: BTreeMap<String, String> = o
         .str_map(d, "vars")
         .unwrap_or_default()
@@ -136,6 +157,21 @@ pub fn pipeline(
         templates: Arc::new(cx.templates),
     };
     Some((pipeline, cx.subpipeline_refs))
+}
+
+/// Whether a trigger can take Alertmanager notifications: its match does not
+/// pin `source` to something else.
+fn takes_alerts(t: &Trigger) -> bool {
+    t.conditions
+        .iter()
+        .all(|(key, op)| match (key.as_str(), op) {
+            ("source", MatchOp::Eq(v)) => v.as_str() == Some("alertmanager"),
+            ("source", MatchOp::In(serde_json::Value::Array(vs))) => {
+                vs.iter().any(|v| v.as_str() == Some("alertmanager"))
+            }
+            ("source", MatchOp::Ne(v)) => v.as_str() != Some("alertmanager"),
+            _ => true,
+        })
 }
 
 fn trigger(n: &Node, d: &mut Diagnostics) -> Option<Trigger> {
