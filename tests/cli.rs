@@ -450,3 +450,35 @@ fn validate_fails_on_unknown_filters_and_steps_and_strict_fails_on_warnings() {
         assert_eq!(err.contains("skipped_testing"), warned, "{stage:?}: {err}");
     }
 }
+
+#[test]
+fn run_with_a_human_step_and_nobody_to_answer_fails_fast() {
+    let human = "name: ask\ntrigger: {}\nsteps:\n  - name: approve\n    executor: human\n    prompt_template: \"Restart?\"\n    timeout_seconds: 900\n";
+    let s = Scratch::new(&[("ask", human)]);
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = bin()
+        .arg("--config")
+        .arg(s.config())
+        .args(["run", "ask"])
+        .env("VECTORSTEP_URL", format!("http://127.0.0.1:{port}"))
+        .current_dir(s.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("has a human step") && err.contains("not a terminal"),
+        "{err}"
+    );
+    let all = vectorstep::store::RunFilter {
+        limit: 100,
+        ..Default::default()
+    };
+    assert_eq!(s.store().runs(&all).unwrap().len(), 0, "no run was started");
+}

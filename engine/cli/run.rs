@@ -78,8 +78,11 @@ pub fn run(cli: &Cli, args: RunArgs<'_>) -> anyhow::Result<i32> {
         ),
         Some(_) => None,
     };
-    let store = super::open_store(&config)?;
     let rt = tokio::runtime::Runtime::new()?;
+    if let Some(p) = set.get(&name) {
+        rt.block_on(someone_can_answer(cli, p))?;
+    }
+    let store = super::open_store(&config)?;
     let owner = owner_lock.as_ref().map(|l| l.owner().to_string());
     let result = rt.block_on(async move {
         let pipeline = set.get(&name).cloned().ok_or_else(|| anyhow::anyhow!("pipeline `{name}` vanished"))?;
@@ -396,6 +399,33 @@ pub fn list(
         );
     }
     Ok(0)
+}
+
+/// A run whose pipeline asks a human needs someone to answer: this terminal, or
+/// a running server (its approval page, `vectorstep approvals`, Telegram). With
+/// neither, the run would wait out the step's timeout behind a link nobody can
+/// open, so it is refused before it starts.
+async fn someone_can_answer(cli: &Cli, p: &vectorstep::pipeline::Pipeline) -> anyhow::Result<()> {
+    if !p.steps.iter().any(|e| e.asks_human()) || std::io::stdin().is_terminal() {
+        return Ok(());
+    }
+    let base = super::approvals::base_url(cli, std::env::var("VECTORSTEP_URL").ok().as_deref())?;
+    let reachable = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?
+        .get(format!("{base}/healthz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success());
+    if reachable {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "pipeline `{}` has a human step, standard input is not a terminal, and no server answers at {base} to decide it; \
+         run it from a terminal to answer on the prompt, or start `vectorstep serve` on the same store first \
+         (its approval page and `vectorstep approvals approve` decide it; VECTORSTEP_URL points elsewhere)",
+        p.name
+    )
 }
 
 pub fn show(cli: &Cli, run_id: &str, json: bool, verbose: bool) -> anyhow::Result<i32> {

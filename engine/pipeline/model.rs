@@ -223,6 +223,17 @@ pub enum Entry {
 }
 
 impl Entry {
+    /// Whether the entry asks a human: a `human` step, or a group or fan-out
+    /// with one.
+    pub fn asks_human(&self) -> bool {
+        let human = |kind: ExecutorKind| kind == ExecutorKind::Human;
+        match self {
+            Entry::Step(s) => human(s.action.executor),
+            Entry::Parallel(p) => p.branches.iter().any(|b| human(b.action.executor)),
+            Entry::FanOut(f) => human(f.action.executor),
+        }
+    }
+
     pub fn name(&self) -> &str {
         match self {
             Entry::Step(s) => &s.name,

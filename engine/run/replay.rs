@@ -13,7 +13,7 @@
 //! refused: the replay has to ask again, from that step or an earlier one.
 
 use crate::domain::{RunStatus, StepStatus};
-use crate::pipeline::{Entry, ExecutorKind, Pipeline};
+use crate::pipeline::{Entry, Pipeline};
 use crate::store::{RunRecord, StepJournal, StepRecord};
 
 use super::output::Usage;
@@ -173,14 +173,8 @@ pub fn decide(
     })
 }
 
-/// Whether the entry asks a human: a `human` step, or a group or fan-out with one.
 fn asks_human(entry: &Entry) -> bool {
-    let human = |kind: ExecutorKind| kind == ExecutorKind::Human;
-    match entry {
-        Entry::Step(s) => human(s.action.executor),
-        Entry::Parallel(p) => p.branches.iter().any(|b| human(b.action.executor)),
-        Entry::FanOut(f) => human(f.action.executor),
-    }
+    entry.asks_human()
 }
 
 /// A copied step row as the new run's: only the run changes. Its idempotency key
