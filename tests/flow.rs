@@ -529,8 +529,9 @@ async fn a_configuration_error_is_not_retried() {
         // A configuration error (the executor cannot work as configured): once.
         ("executor: shell\n    executor_config: {command: [\"true\"], cwd: /nonexistent/vectorstep-dir}",
          1, 0, "is not a directory"),
-        // A template that cannot render: once.
-        ("executor: mock\n    prompt_template: \"{{ nope() }}\"", 1, 0, "template error"),
+        // A template that cannot render: once. (An unknown function or filter
+        // is a load error now; a missing include is found only when rendering.)
+        ("executor: mock\n    prompt_template: \"{% include 'missing' %}\"", 1, 0, "template error"),
         // An error of the call itself is retried as before.
         ("executor: shell\n    executor_config: {command: [\"/nonexistent/vectorstep-program\"]}",
          3, 2, "cannot start"),
