@@ -12,7 +12,15 @@ use vectorstep::store::Write;
 
 const EVERY_SECOND: &str = "name: tick\ntrigger: {match: {source: scheduler}}\nstage: production\nschedule:\n  cron: \"* * * * * *\"\n  summary: every second\n  severity: info\n  labels: {job: tick}\nsteps:\n  - {name: a, executor: mock}\n";
 
-const HOURLY: &str = "name: hourly\ntrigger: {match: {source: scheduler}}\nstage: production\nschedule: {cron: \"0 * * * *\", summary: hourly report}\nsteps:\n  - {name: a, executor: mock}\n";
+/// A daily pipeline whose tick is twelve hours from now, so no real tick can fall
+/// inside a test (an hourly one did, when a run crossed the top of the hour).
+fn daily_far_from_now() -> String {
+    use chrono::Timelike;
+    let hour = (chrono::Utc::now().hour() + 12) % 24;
+    format!(
+        "name: daily\ntrigger: {{match: {{source: scheduler}}}}\nstage: production\nschedule: {{cron: \"0 {hour} * * *\", summary: daily report}}\nsteps:\n  - {{name: a, executor: mock}}\n"
+    )
+}
 
 async fn runs_of(svc: &Service, pipeline: &str) -> Vec<serde_json::Value> {
     svc.list_runs()
@@ -49,15 +57,15 @@ async fn a_schedule_fires_on_time_as_the_scheduler() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schedule_missed_while_down_fires_once_at_start() {
     let s = Scratch::new();
-    s.write_pipeline("hourly", HOURLY);
+    s.write_pipeline("daily", &daily_far_from_now());
     {
-        // The last fire was five hours ago: five ticks were missed while down.
+        // The last fire was five days ago: five ticks were missed while down.
         let store = s.open_store();
-        let five_hours_ago = chrono::Utc::now().timestamp_millis() - 5 * 3_600_000;
+        let five_days_ago = chrono::Utc::now().timestamp_millis() - 5 * 86_400_000;
         store
             .commit(vec![Write::SetKv {
-                key: "schedule:last_fire:hourly".into(),
-                value: five_hours_ago.to_string(),
+                key: "schedule:last_fire:daily".into(),
+                value: five_days_ago.to_string(),
             }])
             .await
             .unwrap();
@@ -65,12 +73,12 @@ async fn a_schedule_missed_while_down_fires_once_at_start() {
     let svc = Service::start(&s.root).await;
     svc.wait_ready().await;
     let deadline = Instant::now() + Duration::from_secs(5);
-    while runs_of(&svc, "hourly").await.is_empty() && Instant::now() < deadline {
+    while runs_of(&svc, "daily").await.is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Give a wrongly repeating catch-up time to show itself.
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let runs = runs_of(&svc, "hourly").await;
+    let runs = runs_of(&svc, "daily").await;
     assert_eq!(
         runs.len(),
         1,
@@ -82,12 +90,12 @@ async fn a_schedule_missed_while_down_fires_once_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_start_does_not_fire_past_ticks() {
     let s = Scratch::new();
-    s.write_pipeline("hourly", HOURLY);
+    s.write_pipeline("daily", &daily_far_from_now());
     let svc = Service::start(&s.root).await;
     svc.wait_ready().await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
-        runs_of(&svc, "hourly").await.is_empty(),
+        runs_of(&svc, "daily").await.is_empty(),
         "nothing was missed before the first start"
     );
 }
