@@ -47,6 +47,9 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         .enable_all()
         .build()?;
     let result = rt.block_on(async move {
+        // Taken first: from here on a SIGHUP reloads (once ready) instead of
+        // killing the process, which is its default action.
+        let hangups = hangup_signals();
         let engine = Engine::new(config.clone(), set, store, Executors::standard(&config), Arc::new(SystemClock));
         // On a shared store this process is a replica with an id of its own, and
         // every run it creates or adopts is leased to it (runner::leases).
@@ -122,6 +125,7 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         let retention = tokio::spawn(vectorstep::runner::retention::run(engine.clone()));
         state.ready.store(true, Ordering::SeqCst);
         tracing::info!("Ready.");
+        let reloader = hangups.map(|h| tokio::spawn(reload_on_hangup(engine.clone(), h)));
 
         wait_for_signal().await;
         tracing::warn!(grace_seconds = config.durability.shutdown_grace_seconds, "Shutdown requested: draining in-flight steps.");
@@ -144,6 +148,9 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
             p.abort();
         }
         retention.abort();
+        if let Some(r) = reloader {
+            r.abort();
+        }
         // Only now, with nothing in flight or the leases let go: it records that
         // this replica stopped and gives up its liveness lock.
         let _ = stop_heartbeat.send(true);
@@ -200,6 +207,39 @@ fn check_exposure(config: &vectorstep::config::Config) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(unix)]
+type Hangups = tokio::signal::unix::Signal;
+#[cfg(not(unix))]
+type Hangups = ();
+
+#[cfg(unix)]
+fn hangup_signals() -> Option<Hangups> {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot listen for SIGHUP; reload with POST /-/reload.");
+            None
+        }
+    }
+}
+
+#[cfg(not(unix))]
+fn hangup_signals() -> Option<Hangups> {
+    None
+}
+
+/// Every SIGHUP reloads the pipelines (`runner::reload`): the outcome is logged
+/// there, a refused reload keeps the old set.
+async fn reload_on_hangup(engine: Arc<Engine>, mut hangups: Hangups) {
+    #[cfg(unix)]
+    while hangups.recv().await.is_some() {
+        tracing::info!("SIGHUP received: reloading pipelines.");
+        let _ = vectorstep::runner::reload::reload(&engine).await;
+    }
+    #[cfg(not(unix))]
+    let _ = (engine, hangups);
 }
 
 async fn wait_for_signal() {

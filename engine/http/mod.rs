@@ -20,6 +20,7 @@ mod intake;
 mod page;
 mod pipelines;
 pub mod policy;
+mod reload;
 mod replay;
 mod replicas;
 mod runs;
@@ -190,6 +191,7 @@ pub fn routes() -> Vec<Route> {
         route("GET", "/pipelines/:name", Operator, get(pipelines::show)),
         route("GET", "/approvals", Operator, get(approvals::list)),
         route("GET", "/replicas", Operator, get(replicas::list)),
+        route("POST", "/-/reload", Operator, post(reload::reload)),
         route(
             "GET",
             "/approvals/:token",

@@ -91,7 +91,9 @@ async fn open(
             (run, trigger, None, Vec::new())
         }
     };
-    let Some(pipeline) = engine.pipeline(&run.pipeline_name) else {
+    // The definition the run started with, also after a reload replaced it.
+    let Some(pipeline) = engine.pipeline_for_run(&run.pipeline_name, &run.config_fingerprint)
+    else {
         return Err(Error::UnknownPipeline(run.pipeline_name.clone()));
     };
     // A run driven for the first time has no step records yet, except the rows a

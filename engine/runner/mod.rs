@@ -38,6 +38,7 @@ mod park;
 mod persist;
 pub mod ports;
 pub mod records;
+pub mod reload;
 mod replay;
 pub mod replica;
 pub mod retention;
@@ -160,6 +161,12 @@ pub struct Decider {
 pub struct Engine {
     services: Arc<Services>,
     pipelines: RwLock<Arc<PipelineSet>>,
+    /// Definitions a reload replaced that runs may still use (`reload`).
+    retained: Mutex<reload::Retained>,
+    /// Counts the reloads that replaced the set; the scheduler follows it.
+    reload_generation: tokio::sync::watch::Sender<u64>,
+    /// One reload at a time.
+    reload_lock: tokio::sync::Mutex<()>,
     idle: tokio::sync::Notify,
     /// Runs `create_run` just recorded and no driver has picked up yet, with their
     /// trigger: the first drive of a new run starts from these instead of reading
@@ -205,6 +212,9 @@ impl Engine {
         Arc::new(Engine {
             services: Arc::new(Services::new(config, store, executors, http, clock)),
             pipelines: RwLock::new(Arc::new(pipelines)),
+            retained: Mutex::new(reload::Retained::default()),
+            reload_generation: tokio::sync::watch::Sender::new(0),
+            reload_lock: tokio::sync::Mutex::new(()),
             idle: tokio::sync::Notify::new(),
             fresh: Mutex::new(std::collections::HashMap::new()),
             owner: std::sync::OnceLock::new(),

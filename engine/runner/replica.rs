@@ -52,12 +52,8 @@ pub fn live_count(replicas: &[ReplicaRecord], timing: Timing, now: i64) -> usize
 /// The fingerprints of the pipelines this process has loaded: what it publishes
 /// in its heartbeat, and which runs its orphan sweep may resume.
 pub fn loaded_fingerprints<C: FromIterator<String>>(engine: &Engine) -> C {
-    engine
-        .pipelines()
-        .pipelines
-        .iter()
-        .map(|p| p.fingerprint.clone())
-        .collect()
+    // With the definitions a reload retired: runs started on them still resume here.
+    engine.known_fingerprints().into_iter().collect()
 }
 
 /// The heartbeat write of this replica now.

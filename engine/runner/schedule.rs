@@ -151,22 +151,38 @@ enum Fired {
     Failed,
 }
 
-/// Runs every schedule until shutdown. Fires missed schedules once first.
+/// Runs every schedule until shutdown. Fires missed schedules once first. A
+/// reload that replaces the pipelines stops every schedule at its next wait (never
+/// between a tick's commit and its run's start) and starts those of the new set.
 pub async fn run(engine: Arc<Engine>) {
-    let pipelines: Vec<Arc<Pipeline>> = engine
-        .pipelines()
-        .pipelines
-        .iter()
-        .filter(|p| p.schedule.is_some())
-        .cloned()
-        .collect();
-    let mut tasks = Vec::new();
-    for p in pipelines {
-        let engine = engine.clone();
-        tasks.push(tokio::spawn(async move { run_one(engine, p).await }));
-    }
-    for t in tasks {
-        let _ = t.await;
+    let mut shutdown = engine.shutdown_signal();
+    loop {
+        let mut reloaded = engine.reloads();
+        reloaded.borrow_and_update();
+        let pipelines: Vec<Arc<Pipeline>> = engine
+            .pipelines()
+            .pipelines
+            .iter()
+            .filter(|p| p.schedule.is_some())
+            .cloned()
+            .collect();
+        let mut tasks = Vec::new();
+        for p in pipelines {
+            let engine = engine.clone();
+            let stop = reloaded.clone();
+            tasks.push(tokio::spawn(async move { run_one(engine, p, stop).await }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+        if engine.is_shutting_down() {
+            return;
+        }
+        // Every schedule stopped: for a reload, or because none can fire again.
+        tokio::select! {
+            _ = reloaded.changed() => {}
+            _ = shutdown.changed() => return,
+        }
     }
 }
 
@@ -186,7 +202,11 @@ fn read_due(
     Ok((due, legacy))
 }
 
-async fn run_one(engine: Arc<Engine>, p: Arc<Pipeline>) {
+async fn run_one(
+    engine: Arc<Engine>,
+    p: Arc<Pipeline>,
+    mut reloaded: tokio::sync::watch::Receiver<u64>,
+) {
     let Some(cron) = p.schedule.as_ref().map(|s| s.cron.clone()) else {
         return;
     };
@@ -203,6 +223,7 @@ async fn run_one(engine: Arc<Engine>, p: Arc<Pipeline>) {
                 tokio::select! {
                     _ = tokio::time::sleep(RETRY) => continue,
                     _ = shutdown.changed() => return,
+                    _ = reloaded.changed() => return,
                 }
             }
         };
@@ -217,6 +238,7 @@ async fn run_one(engine: Arc<Engine>, p: Arc<Pipeline>) {
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => return,
+                    _ = reloaded.changed() => return,
                 }
                 continue;
             }
@@ -246,6 +268,7 @@ async fn run_one(engine: Arc<Engine>, p: Arc<Pipeline>) {
             tokio::select! {
                 _ = tokio::time::sleep(RETRY) => {}
                 _ = shutdown.changed() => return,
+                _ = reloaded.changed() => return,
             }
         }
     }

@@ -284,7 +284,6 @@ pub(super) async fn settle(
     adopted: &HashSet<String>,
     uncounted: &HashSet<String>,
 ) -> Result<Vec<RunRecord>, Error> {
-    let pipelines = engine.pipelines();
     let now = engine.now_ms();
     let mut resume = Vec::new();
     let mut writes = Vec::new();
@@ -296,6 +295,14 @@ pub(super) async fn settle(
                 owner: None,
             });
         }
+        // The definition the run started with when a reload retired it since (an
+        // orphan adopted from a replica), else the current one by name.
+        let pipelines = PipelineSet {
+            pipelines: engine
+                .pipeline_for_run(&run.pipeline_name, &run.config_fingerprint)
+                .into_iter()
+                .collect(),
+        };
         let decision = if uncounted.contains(&run.id) {
             let fresh = RunRecord {
                 resume_count: 0,
