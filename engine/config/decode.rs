@@ -38,7 +38,11 @@ pub(super) fn expand_tree(
             for name in defaultless_empty(s, lookup) {
                 unset.by_node.push((node.span.clone(), name));
             }
-            let expanded = expand_env(s, lookup, &mut unset.missing);
+            let mut names = Vec::new();
+            let expanded = expand_env(s, lookup, &mut names);
+            unset
+                .missing
+                .extend(names.into_iter().map(|n| (n, node.span.clone())));
             node.value = if node.style == yaml::ScalarStyle::Plain {
                 yaml::plain_scalar(&expanded)
             } else {
@@ -78,7 +82,8 @@ fn secret(
     value
 }
 
-const TOP_KEYS: &[&str] = &[
+/// The top-level keys of config.yaml.
+pub const TOP_KEYS: &[&str] = &[
     "server",
     "pipeline_config_dir",
     "step_library_dir",
@@ -98,6 +103,55 @@ const TOP_KEYS: &[&str] = &[
     "mcp_servers",
     "replica",
 ];
+pub const SERVER_KEYS: &[&str] = &[
+    "host",
+    "port",
+    "max_body_bytes",
+    "allow_unauthenticated",
+    "header_read_timeout_seconds",
+    "body_read_timeout_seconds",
+    "idle_timeout_seconds",
+    "max_connections",
+];
+pub const DATABASE_KEYS: &[&str] = &["path", "url", "pool_size"];
+pub const REPLICA_KEYS: &[&str] = &["lease_seconds", "heartbeat_seconds"];
+pub const DURABILITY_KEYS: &[&str] = &[
+    "max_resume_age_seconds",
+    "max_resume_attempts",
+    "shutdown_grace_seconds",
+];
+pub const DEDUP_KEYS: &[&str] = &["enabled", "window_seconds"];
+pub const CONCURRENCY_KEYS: &[&str] = &["max_runs", "max_connections_per_host"];
+pub const AUTH_KEYS: &[&str] = &["teams", "operators", "scrapers", "protect_metrics"];
+/// The keys of `auth` that hold lists of named tokens.
+pub const AUTH_TOKEN_LISTS: [&str; 3] = ["teams", "operators", "scrapers"];
+pub const TOKEN_KEYS: &[&str] = &["name", "token"];
+pub const PROVIDER_KEYS: &[&str] = &["kind", "base_url", "api_key", "timeout_seconds", "script"];
+/// The words of a provider's `kind`; the first is the default.
+pub const PROVIDER_KINDS: &[&str] = &["openai", "scripted"];
+pub const DEFAULT_PROVIDER_TIMEOUT_SECONDS: f64 = 120.0;
+pub const AGENT_KEYS: &[&str] = &[
+    "provider",
+    "model",
+    "system_prompt",
+    "temperature",
+    "max_tokens",
+    "tools",
+    "delegates",
+    "max_turns",
+    "approval_timeout_seconds",
+];
+pub const PRICE_KEYS: &[&str] = &["input_per_mtok", "output_per_mtok"];
+pub const NOTIFICATIONS_KEYS: &[&str] = &["telegram", "max_age_seconds"];
+pub const TELEGRAM_KEYS: &[&str] = &["bot_token", "chat_id", "api_url"];
+pub const HUMAN_APPROVAL_KEYS: &[&str] = &["ui_base_url", "approvers", "default", "teams"];
+/// Where an approval request goes (`human_approval.default` and each team).
+pub const ROUTE_KEYS: &[&str] = &["channel", "url", "chat_id"];
+pub const ROUTE_CHANNELS: &[&str] = &["telegram", "webhook", "page"];
+pub const LOGGING_KEYS: &[&str] = &["level", "format"];
+pub const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error"];
+pub const LOG_FORMATS: &[&str] = &["pretty", "json"];
+pub const RETENTION_KEYS: &[&str] = &["days"];
 
 fn resolve(base: &Path, p: String) -> PathBuf {
     let p = PathBuf::from(p);
@@ -120,17 +174,7 @@ pub(super) fn decode(
     }
     let top = Obj::new(root, "", TOP_KEYS, &[], d)?;
     if let Some(n) = top.get("server") {
-        let keys = [
-            "host",
-            "port",
-            "max_body_bytes",
-            "allow_unauthenticated",
-            "header_read_timeout_seconds",
-            "body_read_timeout_seconds",
-            "idle_timeout_seconds",
-            "max_connections",
-        ];
-        if let Some(o) = Obj::new(n, "server", &keys, &[], d) {
+        if let Some(o) = Obj::new(n, "server", SERVER_KEYS, &[], d) {
             for (key, slot) in [
                 (
                     "header_read_timeout_seconds",
@@ -188,7 +232,7 @@ pub(super) fn decode(
     );
     c.database_path = resolve(base, "./data/vectorstep.db".into());
     if let Some(n) = top.get("database") {
-        if let Some(o) = Obj::new(n, "database", &["path", "url", "pool_size"], &[], d) {
+        if let Some(o) = Obj::new(n, "database", DATABASE_KEYS, &[], d) {
             let path = o.str(d, "path");
             if let Some(p) = &path {
                 c.database_path = resolve(base, p.clone());
@@ -219,13 +263,7 @@ pub(super) fn decode(
         }
     }
     if let Some(n) = top.get("replica") {
-        if let Some(o) = Obj::new(
-            n,
-            "replica",
-            &["lease_seconds", "heartbeat_seconds"],
-            &[],
-            d,
-        ) {
+        if let Some(o) = Obj::new(n, "replica", REPLICA_KEYS, &[], d) {
             let lease = o.at_least_one(d, "lease_seconds");
             let heartbeat = o.at_least_one(d, "heartbeat_seconds");
             let lease = lease.unwrap_or(c.replica.lease_seconds);
@@ -247,12 +285,7 @@ pub(super) fn decode(
         }
     }
     if let Some(n) = top.get("durability") {
-        let keys = [
-            "max_resume_age_seconds",
-            "max_resume_attempts",
-            "shutdown_grace_seconds",
-        ];
-        if let Some(o) = Obj::new(n, "durability", &keys, &[], d) {
+        if let Some(o) = Obj::new(n, "durability", DURABILITY_KEYS, &[], d) {
             if let Some(v) = o.u64(d, "max_resume_age_seconds") {
                 c.durability.max_resume_age_seconds = v;
             }
@@ -265,7 +298,7 @@ pub(super) fn decode(
         }
     }
     if let Some(n) = top.get("dedup") {
-        if let Some(o) = Obj::new(n, "dedup", &["enabled", "window_seconds"], &[], d) {
+        if let Some(o) = Obj::new(n, "dedup", DEDUP_KEYS, &[], d) {
             if let Some(v) = o.bool(d, "enabled") {
                 c.dedup.enabled = v;
             }
@@ -275,8 +308,7 @@ pub(super) fn decode(
         }
     }
     if let Some(n) = top.get("concurrency") {
-        let keys = ["max_runs", "max_connections_per_host"];
-        if let Some(o) = Obj::new(n, "concurrency", &keys, &[], d) {
+        if let Some(o) = Obj::new(n, "concurrency", CONCURRENCY_KEYS, &[], d) {
             if let Some(v) = o.at_least_one(d, "max_connections_per_host") {
                 c.max_connections_per_host = v as usize;
             }
@@ -286,9 +318,8 @@ pub(super) fn decode(
         }
     }
     if let Some(n) = top.get("auth") {
-        let keys = ["teams", "operators", "scrapers", "protect_metrics"];
-        if let Some(o) = Obj::new(n, "auth", &keys, &[], d) {
-            for key in ["teams", "operators", "scrapers"] {
+        if let Some(o) = Obj::new(n, "auth", AUTH_KEYS, &[], d) {
+            for key in AUTH_TOKEN_LISTS {
                 if let Some(list) = o.get(key) {
                     let tokens = decode_tokens(list, &format!("auth.{key}"), unset, &mut c, d);
                     match key {
@@ -305,48 +336,33 @@ pub(super) fn decode(
         }
     }
     let provider_secrets = std::cell::RefCell::new(Vec::new());
-    if let Some(m) = decode_named(
-        &top,
-        "providers",
-        &["kind", "base_url", "api_key", "timeout_seconds", "script"],
-        d,
-        |o, d| {
-            let kind = decode_provider_kind(o, base, d)?;
-            let base_url = match kind {
-                ProviderKind::OpenAi => o.req_str(d, "base_url")?,
-                ProviderKind::Scripted { .. } => o.str(d, "base_url").unwrap_or_default(),
-            };
-            Some(Provider {
-                base_url,
-                api_key: Some(secret(
-                    o,
-                    "api_key",
-                    unset,
-                    &mut provider_secrets.borrow_mut(),
-                    d,
-                ))
-                .filter(|k| !k.is_empty()),
-                timeout_seconds: o.seconds(d, "timeout_seconds").unwrap_or(120.0),
-                kind,
-            })
-        },
-    ) {
+    if let Some(m) = decode_named(&top, "providers", PROVIDER_KEYS, d, |o, d| {
+        let kind = decode_provider_kind(o, base, d)?;
+        let base_url = match kind {
+            ProviderKind::OpenAi => o.req_str(d, "base_url")?,
+            ProviderKind::Scripted { .. } => o.str(d, "base_url").unwrap_or_default(),
+        };
+        Some(Provider {
+            base_url,
+            api_key: Some(secret(
+                o,
+                "api_key",
+                unset,
+                &mut provider_secrets.borrow_mut(),
+                d,
+            ))
+            .filter(|k| !k.is_empty()),
+            timeout_seconds: o
+                .seconds(d, "timeout_seconds")
+                .unwrap_or(DEFAULT_PROVIDER_TIMEOUT_SECONDS),
+            kind,
+        })
+    }) {
         c.providers = m;
     }
     c.unset_secrets.extend(provider_secrets.into_inner());
-    let agent_keys = [
-        "provider",
-        "model",
-        "system_prompt",
-        "temperature",
-        "max_tokens",
-        "tools",
-        "delegates",
-        "max_turns",
-        "approval_timeout_seconds",
-    ];
     let delegate_spans = std::cell::RefCell::new(BTreeMap::new());
-    if let Some(m) = decode_named(&top, "agents", &agent_keys, d, |o, d| {
+    if let Some(m) = decode_named(&top, "agents", AGENT_KEYS, d, |o, d| {
         let settings = tools::decode_agent_tools(o, d);
         let provider = o.req_str(d, "provider")?;
         let model = o.req_str(d, "model")?;
@@ -397,29 +413,21 @@ pub(super) fn decode(
         d.extend(tools::check_mcp_refs(&c, &known));
     }
     c.unset_secrets.extend(mcp_secrets.into_inner());
-    if let Some(m) = decode_named(
-        &top,
-        "pricing",
-        &["input_per_mtok", "output_per_mtok"],
-        d,
-        |o, d| {
-            Some(Price {
-                input_per_mtok: o.f64(d, "input_per_mtok").unwrap_or(0.0),
-                output_per_mtok: o.f64(d, "output_per_mtok").unwrap_or(0.0),
-            })
-        },
-    ) {
+    if let Some(m) = decode_named(&top, "pricing", PRICE_KEYS, d, |o, d| {
+        Some(Price {
+            input_per_mtok: o.f64(d, "input_per_mtok").unwrap_or(0.0),
+            output_per_mtok: o.f64(d, "output_per_mtok").unwrap_or(0.0),
+        })
+    }) {
         c.pricing = m;
     }
     if let Some(n) = top.get("notifications") {
-        let keys = ["telegram", "max_age_seconds"];
-        if let Some(o) = Obj::new(n, "notifications", &keys, &[], d) {
+        if let Some(o) = Obj::new(n, "notifications", NOTIFICATIONS_KEYS, &[], d) {
             if let Some(s) = o.u64(d, "max_age_seconds") {
                 c.notification_max_age_seconds = s;
             }
             if let Some(t) = o.get("telegram") {
-                let keys = ["bot_token", "chat_id", "api_url"];
-                if let Some(t) = Obj::new(t, "notifications.telegram", &keys, &[], d) {
+                if let Some(t) = Obj::new(t, "notifications.telegram", TELEGRAM_KEYS, &[], d) {
                     let bot_token = secret(&t, "bot_token", unset, &mut c.unset_secrets, d);
                     let chat_id = secret(&t, "chat_id", unset, &mut c.unset_secrets, d);
                     if !bot_token.is_empty() && !chat_id.is_empty() {
@@ -434,8 +442,7 @@ pub(super) fn decode(
         }
     }
     if let Some(n) = top.get("human_approval") {
-        let keys = ["ui_base_url", "approvers", "default", "teams"];
-        if let Some(o) = Obj::new(n, "human_approval", &keys, &[], d) {
+        if let Some(o) = Obj::new(n, "human_approval", HUMAN_APPROVAL_KEYS, &[], d) {
             if let Some(u) = o.str(d, "ui_base_url") {
                 c.human_approval.ui_base_url = u;
             }
@@ -445,7 +452,7 @@ pub(super) fn decode(
             if let Some(r) = o.get("default") {
                 c.human_approval.default = decode_route(r, "human_approval.default", d);
             }
-            if let Some(m) = decode_named(&o, "teams", &["channel", "url", "chat_id"], d, |t, d| {
+            if let Some(m) = decode_named(&o, "teams", ROUTE_KEYS, d, |t, d| {
                 decode_route(t.node, &t.path, d)
             }) {
                 c.human_approval.teams = m;
@@ -453,18 +460,17 @@ pub(super) fn decode(
         }
     }
     if let Some(n) = top.get("logging") {
-        if let Some(o) = Obj::new(n, "logging", &["level", "format"], &[], d) {
-            let levels = ["trace", "debug", "info", "warn", "error"];
-            if let Some(l) = o.choice(d, "level", &levels) {
+        if let Some(o) = Obj::new(n, "logging", LOGGING_KEYS, &[], d) {
+            if let Some(l) = o.choice(d, "level", LOG_LEVELS) {
                 c.logging.level = l;
             }
-            if let Some(f) = o.choice(d, "format", &["pretty", "json"]) {
+            if let Some(f) = o.choice(d, "format", LOG_FORMATS) {
                 c.logging.json = f == "json";
             }
         }
     }
     if let Some(n) = top.get("retention") {
-        if let Some(o) = Obj::new(n, "retention", &["days"], &[], d) {
+        if let Some(o) = Obj::new(n, "retention", RETENTION_KEYS, &[], d) {
             if let Some(v) = o.u64(d, "days") {
                 c.retention_days = v;
             }
@@ -476,7 +482,7 @@ pub(super) fn decode(
 /// `kind: openai` (the default) or `kind: scripted` with `script: PATH`.
 fn decode_provider_kind(o: &Obj<'_>, base: &Path, d: &mut Diagnostics) -> Option<ProviderKind> {
     let kind = o
-        .choice(d, "kind", &["openai", "scripted"])
+        .choice(d, "kind", PROVIDER_KINDS)
         .unwrap_or_else(|| "openai".into());
     if kind == "openai" {
         if let Some(n) = o.get("script") {
@@ -505,8 +511,8 @@ fn decode_provider_kind(o: &Obj<'_>, base: &Path, d: &mut Diagnostics) -> Option
 }
 
 fn decode_route(n: &yaml::Node, path: &str, d: &mut Diagnostics) -> Option<ApprovalRoute> {
-    let o = Obj::new(n, path, &["channel", "url", "chat_id"], &[], d)?;
-    let channel = o.choice(d, "channel", &["telegram", "webhook", "page"])?;
+    let o = Obj::new(n, path, ROUTE_KEYS, &[], d)?;
+    let channel = o.choice(d, "channel", ROUTE_CHANNELS)?;
     let url = o.str(d, "url");
     if channel == "webhook" && url.is_none() {
         o.missing(d, "url");
@@ -539,7 +545,7 @@ fn decode_tokens(
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let path = format!("{path}[{i}]");
-        let Some(o) = Obj::new(item, &path, &["name", "token"], &[], d) else {
+        let Some(o) = Obj::new(item, &path, TOKEN_KEYS, &[], d) else {
             continue;
         };
         let Some(name) = o.req_str(d, "name") else {

@@ -65,9 +65,10 @@ pub enum McpTransport {
     },
 }
 
-pub(super) const DEFAULT_TIMEOUT_SECONDS: f64 = 60.0;
+pub const DEFAULT_TIMEOUT_SECONDS: f64 = 60.0;
 
-pub(super) const KEYS: &[&str] = &[
+/// The keys of one `mcp_servers` entry.
+pub const KEYS: &[&str] = &[
     "command",
     "env",
     "url",
@@ -76,6 +77,9 @@ pub(super) const KEYS: &[&str] = &[
     "effects",
     "approval",
 ];
+/// The words of `effects` values and of `approval` values.
+pub const EFFECT_WORDS: &[&str] = &["read", "write"];
+pub const APPROVAL_WORDS: &[&str] = &["required", "none"];
 
 /// Decodes `mcp_servers.<name>`. Header and env values are secrets: one built
 /// from a `${VAR}` (no default) that is unset is recorded for
@@ -154,7 +158,7 @@ pub(super) fn decode_server(
         }
         None => DEFAULT_TIMEOUT_SECONDS,
     };
-    let effects = choice_map(o, "effects", &["read", "write"], d)
+    let effects = choice_map(o, "effects", EFFECT_WORDS, d)
         .into_iter()
         .map(|(k, v)| {
             let e = if v == "read" {
@@ -165,7 +169,7 @@ pub(super) fn decode_server(
             (k, e)
         })
         .collect();
-    let approval = choice_map(o, "approval", &["required", "none"], d)
+    let approval = choice_map(o, "approval", APPROVAL_WORDS, d)
         .into_iter()
         .map(|(k, v)| {
             let a = if v == "required" {

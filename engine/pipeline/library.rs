@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 use crate::diag::Diagnostics;
 use crate::yaml::{Node, Value};
 
+/// The key of a pipeline entry that names a library step.
+pub const USE_KEY: &str = "use";
+
 #[derive(Debug, Default, Clone)]
 pub struct Library {
     pub steps: BTreeMap<String, Node>,
@@ -45,13 +48,13 @@ impl Library {
         path: &str,
         d: &mut Diagnostics,
     ) -> Option<Node> {
-        let Some(use_node) = entry.get("use") else {
+        let Some(use_node) = entry.get(USE_KEY) else {
             return Some(entry.clone());
         };
         let Some(name) = use_node.as_str() else {
             d.error(
                 &use_node.span,
-                &crate::decode::join(path, "use"),
+                &crate::decode::join(path, USE_KEY),
                 format!(
                     "expected a library step name, found {}",
                     use_node.type_name()
@@ -76,7 +79,7 @@ impl Library {
             };
             d.error_hint(
                 &use_node.span,
-                &crate::decode::join(path, "use"),
+                &crate::decode::join(path, USE_KEY),
                 format!("unknown library step `{name}`"),
                 hint,
             );
@@ -100,7 +103,7 @@ fn merge(lib: &Node, local: &Node, accepted: Option<&[&str]>) -> Node {
         .collect();
     for (k, v) in local.as_map().unwrap_or_default() {
         let key = k.as_str().unwrap_or("");
-        if key == "use" {
+        if key == USE_KEY {
             continue;
         }
         match merged.iter_mut().find(|(mk, _)| mk.as_str() == Some(key)) {

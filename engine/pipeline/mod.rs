@@ -14,9 +14,9 @@ pub mod fingerprint;
 pub mod library;
 pub mod loader;
 pub mod model;
-mod steps;
+pub(crate) mod steps;
 pub mod template;
-mod validate;
+pub(crate) mod validate;
 
 pub use loader::{load, load_file, PipelineSet};
 pub use model::*;

@@ -26,7 +26,7 @@ pub const STEP_KEYS: &[&str] = &[
     "include_approx_cost",
 ];
 pub const LIBRARY_EXTRA_KEYS: &[&str] = &["description", "tags"];
-const PARALLEL_KEYS: &[&str] = &[
+pub const PARALLEL_KEYS: &[&str] = &[
     "name",
     "join",
     "confidence_threshold",
@@ -44,7 +44,7 @@ pub const BRANCH_KEYS: &[&str] = &[
     "timeout_seconds",
     "weight",
 ];
-const FANOUT_KEYS: &[&str] = &[
+pub const FANOUT_KEYS: &[&str] = &[
     "name",
     "over",
     "as",
@@ -61,6 +61,42 @@ const FANOUT_KEYS: &[&str] = &[
     "on_empty",
     "when",
 ];
+/// The only key of a step list entry that is a `parallel:` group.
+pub const PARALLEL_ENTRY_KEYS: &[&str] = &["parallel"];
+/// The only key of a step list entry that is a `fan_out:`.
+pub const FANOUT_ENTRY_KEYS: &[&str] = &["fan_out"];
+/// VectorStep keys ignored (with a warning) in a parallel group, a branch, a fan-out.
+pub const PARALLEL_IGNORED_KEYS: &[&str] = &["readiness"];
+pub const BRANCH_IGNORED_KEYS: &[&str] = &["verifier"];
+pub const FANOUT_IGNORED_KEYS: &[&str] = &["verifier", "readiness"];
+/// The words of `on_low_confidence`; the first is the default.
+pub const LOW_CONFIDENCE: &[&str] = &["escalate", "abort", "proceed"];
+/// The words of `join`; the first is the default.
+pub const JOINS: &[&str] = &["all_must_pass", "any_must_pass", "weighted_average"];
+pub const RETRY_KEYS: &[&str] = &["attempts", "backoff", "delay_seconds"];
+/// The words of `retry.backoff`; the last is the default.
+pub const BACKOFFS: &[&str] = &["fixed", "exponential"];
+pub const LOOP_UNTIL_KEYS: &[&str] = &["confidence", "max_iterations"];
+/// The block form of `on_failure`.
+pub const ON_FAILURE_KEYS: &[&str] = &["policy", "webhook"];
+/// The words of `on_failure` (and its `policy`); the first is the default.
+pub const FAILURE_POLICIES: &[&str] = &["abort", "continue"];
+pub const FAILURE_WEBHOOK_KEYS: &[&str] =
+    &["url", "method", "headers", "payload", "timeout_seconds"];
+/// The methods of `on_failure.webhook.method`; the first is the default.
+pub const FAILURE_WEBHOOK_METHODS: &[&str] = &["POST", "PUT", "PATCH", "GET"];
+/// The words of a fan-out's `on_empty`; the first is the default.
+pub const ON_EMPTY: &[&str] = &["complete", "skip", "abort"];
+/// Defaults of keys a unit may leave out.
+pub const DEFAULT_CONFIDENCE_THRESHOLD: f64 = 0.75;
+pub const DEFAULT_ON_ABORT: &str = "notify";
+pub const DEFAULT_RETRY_ATTEMPTS: u64 = 3;
+pub const DEFAULT_RETRY_DELAY_SECONDS: f64 = 1.0;
+pub const DEFAULT_MAX_ITERATIONS: u64 = 3;
+pub const DEFAULT_FAILURE_WEBHOOK_TIMEOUT_SECONDS: f64 = 30.0;
+pub const DEFAULT_BRANCH_WEIGHT: f64 = 1.0;
+pub const DEFAULT_ITEM_VAR: &str = "item";
+pub const DEFAULT_MAX_ITEMS: u64 = 20;
 /// Library keys a fan-out takes over from `use:`.
 pub const FANOUT_LIBRARY_KEYS: &[&str] = &[
     "executor",
@@ -81,11 +117,11 @@ pub fn entry(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<
         return None;
     }
     if let Some(inner) = n.get("parallel") {
-        Obj::new(n, path, &["parallel"], &[], d)?;
+        Obj::new(n, path, PARALLEL_ENTRY_KEYS, &[], d)?;
         return parallel(inner, &join(path, "parallel"), cx, d).map(Entry::Parallel);
     }
     if let Some(inner) = n.get("fan_out") {
-        Obj::new(n, path, &["fan_out"], &[], d)?;
+        Obj::new(n, path, FANOUT_ENTRY_KEYS, &[], d)?;
         let p = join(path, "fan_out");
         let resolved = cx
             .library
@@ -98,28 +134,22 @@ pub fn entry(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<
 
 fn gate(o: &Obj<'_>, d: &mut Diagnostics) -> Gate {
     Gate {
-        confidence_threshold: o.fraction(d, "confidence_threshold").unwrap_or(0.75),
-        on_low_confidence: match o
-            .choice(d, "on_low_confidence", &["escalate", "abort", "proceed"])
-            .as_deref()
-        {
+        confidence_threshold: o
+            .fraction(d, "confidence_threshold")
+            .unwrap_or(DEFAULT_CONFIDENCE_THRESHOLD),
+        on_low_confidence: match o.choice(d, "on_low_confidence", LOW_CONFIDENCE).as_deref() {
             Some("abort") => LowConfidence::Abort,
             Some("proceed") => LowConfidence::Proceed,
             _ => LowConfidence::Escalate,
         },
-        on_abort: o.str(d, "on_abort").unwrap_or_else(|| "notify".into()),
+        on_abort: o
+            .str(d, "on_abort")
+            .unwrap_or_else(|| DEFAULT_ON_ABORT.into()),
     }
 }
 
 fn join_strategy(o: &Obj<'_>, d: &mut Diagnostics) -> Join {
-    match o
-        .choice(
-            d,
-            "join",
-            &["all_must_pass", "any_must_pass", "weighted_average"],
-        )
-        .as_deref()
-    {
+    match o.choice(d, "join", JOINS).as_deref() {
         Some("any_must_pass") => Join::AnyMustPass,
         Some("weighted_average") => Join::WeightedAverage,
         _ => Join::AllMustPass,
@@ -185,39 +215,32 @@ pub fn step(
     let when = when(&o, cx, d);
     let action = action(&o, cx, d);
     let retry = o.get("retry").and_then(|r| {
-        let ro = Obj::new(
-            r,
-            &o.path_of("retry"),
-            &["attempts", "backoff", "delay_seconds"],
-            &[],
-            d,
-        )?;
+        let ro = Obj::new(r, &o.path_of("retry"), RETRY_KEYS, &[], d)?;
         Some(Retry {
-            attempts: ro.at_least_one(d, "attempts").unwrap_or(3).min(1000) as u32,
-            backoff: match ro
-                .choice(d, "backoff", &["fixed", "exponential"])
-                .as_deref()
-            {
+            attempts: ro
+                .at_least_one(d, "attempts")
+                .unwrap_or(DEFAULT_RETRY_ATTEMPTS)
+                .min(1000) as u32,
+            backoff: match ro.choice(d, "backoff", BACKOFFS).as_deref() {
                 Some("fixed") => Backoff::Fixed,
                 _ => Backoff::Exponential,
             },
-            delay_seconds: ro.seconds(d, "delay_seconds").unwrap_or(1.0),
+            delay_seconds: ro
+                .seconds(d, "delay_seconds")
+                .unwrap_or(DEFAULT_RETRY_DELAY_SECONDS),
         })
     });
     let loop_until = o.get("loop_until").and_then(|l| {
-        let lo = Obj::new(
-            l,
-            &o.path_of("loop_until"),
-            &["confidence", "max_iterations"],
-            &[],
-            d,
-        )?;
+        let lo = Obj::new(l, &o.path_of("loop_until"), LOOP_UNTIL_KEYS, &[], d)?;
         if !lo.has("confidence") {
             lo.missing(d, "confidence");
         }
         Some(LoopUntil {
             confidence: lo.fraction(d, "confidence")?,
-            max_iterations: lo.at_least_one(d, "max_iterations").unwrap_or(3).min(1000) as u32,
+            max_iterations: lo
+                .at_least_one(d, "max_iterations")
+                .unwrap_or(DEFAULT_MAX_ITERATIONS)
+                .min(1000) as u32,
         })
     });
     let on_failure = on_failure(&o, cx, d);
@@ -256,22 +279,16 @@ fn on_failure(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> OnFailure {
             }
         };
     }
-    let Some(b) = Obj::new(n, &path, &["policy", "webhook"], &[], d) else {
+    let Some(b) = Obj::new(n, &path, ON_FAILURE_KEYS, &[], d) else {
         return default;
     };
-    let continue_run = b.choice(d, "policy", &["abort", "continue"]).as_deref() == Some("continue");
+    let continue_run = b.choice(d, "policy", FAILURE_POLICIES).as_deref() == Some("continue");
     let webhook = b.get("webhook").and_then(|w| {
         let wp = b.path_of("webhook");
-        let wo = Obj::new(
-            w,
-            &wp,
-            &["url", "method", "headers", "payload", "timeout_seconds"],
-            &[],
-            d,
-        )?;
+        let wo = Obj::new(w, &wp, FAILURE_WEBHOOK_KEYS, &[], d)?;
         let url = wo.req_str(d, "url");
         let method = wo
-            .choice(d, "method", &["POST", "PUT", "PATCH", "GET"])
+            .choice(d, "method", FAILURE_WEBHOOK_METHODS)
             .unwrap_or_else(|| "POST".into());
         let headers = wo.str_map(d, "headers").unwrap_or_default();
         let payload = wo
@@ -287,7 +304,9 @@ fn on_failure(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> OnFailure {
             headers,
             payload,
             payload_templates,
-            timeout_seconds: wo.seconds(d, "timeout_seconds").unwrap_or(30.0),
+            timeout_seconds: wo
+                .seconds(d, "timeout_seconds")
+                .unwrap_or(DEFAULT_FAILURE_WEBHOOK_TIMEOUT_SECONDS),
         })
     });
     OnFailure {
@@ -297,7 +316,7 @@ fn on_failure(o: &Obj<'_>, cx: &mut Ctx, d: &mut Diagnostics) -> OnFailure {
 }
 
 fn parallel(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Parallel> {
-    let o = Obj::new(n, path, PARALLEL_KEYS, &["readiness"], d)?;
+    let o = Obj::new(n, path, PARALLEL_KEYS, PARALLEL_IGNORED_KEYS, d)?;
     let name = cx.unit_name(&o, d);
     let join = join_strategy(&o, d);
     let gate = gate(&o, d);
@@ -347,14 +366,14 @@ fn parallel(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<P
 }
 
 fn branch(n: &Node, path: &str, group: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Branch> {
-    let o = Obj::new(n, path, BRANCH_KEYS, &["verifier"], d)?;
+    let o = Obj::new(n, path, BRANCH_KEYS, BRANCH_IGNORED_KEYS, d)?;
     let name = o.req_str(d, "name");
     if let (Some(nm), Some(node)) = (&name, o.get("name")) {
         cx.check_name(nm, node, &o.path_of("name"), d);
         cx.claim_path(&format!("{group}/{nm}"), node, &o.path_of("name"), d);
     }
     let action = action(&o, cx, d);
-    let weight = o.f64(d, "weight").unwrap_or(1.0);
+    let weight = o.f64(d, "weight").unwrap_or(DEFAULT_BRANCH_WEIGHT);
     if weight < 0.0 {
         d.error(o.span(), &o.path_of("weight"), "weight must be >= 0");
     }
@@ -366,7 +385,7 @@ fn branch(n: &Node, path: &str, group: &str, cx: &mut Ctx, d: &mut Diagnostics) 
 }
 
 fn fan_out(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<FanOut> {
-    let o = Obj::new(n, path, FANOUT_KEYS, &["verifier", "readiness"], d)?;
+    let o = Obj::new(n, path, FANOUT_KEYS, FANOUT_IGNORED_KEYS, d)?;
     let name = cx.unit_name(&o, d);
     if !o.has("over") {
         o.missing(d, "over");
@@ -386,15 +405,12 @@ fn fan_out(n: &Node, path: &str, cx: &mut Ctx, d: &mut Diagnostics) -> Option<Fa
     let item_var = o
         .str(d, "as")
         .or_else(|| o.str(d, "as_var"))
-        .unwrap_or_else(|| "item".into());
+        .unwrap_or_else(|| DEFAULT_ITEM_VAR.into());
     let action = action(&o, cx, d);
     let join = join_strategy(&o, d);
     let gate = gate(&o, d);
-    let max_items = o.at_least_one(d, "max_items").unwrap_or(20) as usize;
-    let on_empty = match o
-        .choice(d, "on_empty", &["complete", "skip", "abort"])
-        .as_deref()
-    {
+    let max_items = o.at_least_one(d, "max_items").unwrap_or(DEFAULT_MAX_ITEMS) as usize;
+    let on_empty = match o.choice(d, "on_empty", ON_EMPTY).as_deref() {
         Some("skip") => OnEmpty::Skip,
         Some("abort") => OnEmpty::Abort,
         _ => OnEmpty::Complete,

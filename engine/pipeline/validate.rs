@@ -15,7 +15,8 @@ use crate::decode::{join, Obj};
 use crate::diag::Diagnostics;
 use crate::yaml::Node;
 
-const PIPELINE_KEYS: &[&str] = &[
+/// The keys of a pipeline document.
+pub const PIPELINE_KEYS: &[&str] = &[
     "name",
     "description",
     "tags",
@@ -30,6 +31,22 @@ const PIPELINE_KEYS: &[&str] = &[
     "budget",
     "durable",
 ];
+/// Top-level keys of VectorStep features this engine ignores (with a warning).
+pub const PIPELINE_IGNORED_KEYS: &[&str] = &["readiness"];
+pub const DEFAULT_VERSION: u64 = 1;
+pub const DEFAULT_SCHEDULE_SEVERITY: &str = "info";
+/// The words of `stage:`; the first is the default.
+pub const STAGES: &[&str] = &["testing", "production"];
+pub const CONTEXT_TEMPLATE_KEYS: &[&str] = &["include"];
+pub const TRIGGER_KEYS: &[&str] = &["match", "dedup"];
+pub const TRIGGER_DEDUP_KEYS: &[&str] = &["enabled", "window_seconds"];
+pub const NOTIFICATION_KEYS: &[&str] = &["channel", "template", "config"];
+pub const NOTIFICATION_CHANNELS: &[&str] = &["log", "webhook", "telegram"];
+pub const SCHEDULE_KEYS: &[&str] = &["cron", "summary", "severity", "labels", "team"];
+pub const BUDGET_KEYS: &[&str] = &["max_tokens", "max_usd", "max_cost", "include_approx_cost"];
+pub const DURABLE_KEYS: &[&str] = &["on_interrupted", "max_resume_age_seconds"];
+/// The words of `durable.on_interrupted`; the first is the default.
+pub const ON_INTERRUPTED: &[&str] = &["rerun", "escalate"];
 
 /// Validates one pipeline document.
 pub fn pipeline(
@@ -39,7 +56,7 @@ pub fn pipeline(
     library: &Library,
     d: &mut Diagnostics,
 ) -> Option<(Pipeline, Vec<SubpipelineRef>)> {
-    let o = Obj::new(root, "", PIPELINE_KEYS, &["readiness"], d)?;
+    let o = Obj::new(root, "", PIPELINE_KEYS, PIPELINE_IGNORED_KEYS, d)?;
     let mut cx = Ctx::for_pipeline(config, library);
     let name = o.req_str(d, "name");
     if let (Some(n), Some(node)) = (&name, o.get("name")) {
@@ -49,8 +66,8 @@ pub fn pipeline(
     }
     let description = o.str(d, "description").unwrap_or_default();
     let tags = o.str_list(d, "tags").unwrap_or_default();
-    let version = o.u64(d, "version").unwrap_or(1) as i64;
-    let stage = match o.choice(d, "stage", &["testing", "production"]).as_deref() {
+    let version = o.u64(d, "version").unwrap_or(DEFAULT_VERSION) as i64;
+    let stage = match o.choice(d, "stage", STAGES).as_deref() {
         Some("production") => Stage::Production,
         _ => Stage::Testing,
     };
@@ -89,7 +106,7 @@ pub fn pipeline(
         .collect();
     let context_include = o
         .get("context_template")
-        .and_then(|c| Obj::new(c, "context_template", &["include"], &[], d))
+        .and_then(|c| Obj::new(c, "context_template", CONTEXT_TEMPLATE_KEYS, &[], d))
         .and_then(|c| c.str_list(d, "include"))
         .unwrap_or_default();
     // Template context names that are always there, so `steps.X` checks know them.
@@ -175,7 +192,7 @@ fn takes_alerts(t: &Trigger) -> bool {
 }
 
 fn trigger(n: &Node, d: &mut Diagnostics) -> Option<Trigger> {
-    let o = Obj::new(n, "trigger", &["match", "dedup"], &[], d)?;
+    let o = Obj::new(n, "trigger", TRIGGER_KEYS, &[], d)?;
     let mut conditions = Vec::new();
     if let Some(m) = o.get("match") {
         match m.as_map() {
@@ -202,7 +219,7 @@ fn trigger(n: &Node, d: &mut Diagnostics) -> Option<Trigger> {
     }
     let (mut dedup_enabled, mut dedup_window_seconds) = (None, None);
     if let Some(dd) = o.get("dedup") {
-        if let Some(dobj) = Obj::new(dd, "trigger.dedup", &["enabled", "window_seconds"], &[], d) {
+        if let Some(dobj) = Obj::new(dd, "trigger.dedup", TRIGGER_DEDUP_KEYS, &[], d) {
             dedup_enabled = dobj.bool(d, "enabled");
             dedup_window_seconds = dobj.u64(d, "window_seconds");
         }
@@ -235,7 +252,8 @@ fn notification_status(op: &MatchOp, v: &Node, path: &str, d: &mut Diagnostics) 
     }
 }
 
-const MATCH_OPS: &[&str] = &[
+/// The operators of a `trigger.match` condition.
+pub const MATCH_OPS: &[&str] = &[
     "eq", "ne", "in", "not_in", "regex", "gt", "gte", "lt", "lte",
 ];
 
@@ -369,10 +387,10 @@ fn notifications(
         };
         let mut list = Vec::new();
         for (item, p) in items {
-            let Some(o) = Obj::new(item, &p, &["channel", "template", "config"], &[], d) else {
+            let Some(o) = Obj::new(item, &p, NOTIFICATION_KEYS, &[], d) else {
                 continue;
             };
-            let channel = o.choice(d, "channel", &["log", "webhook", "telegram"]);
+            let channel = o.choice(d, "channel", NOTIFICATION_CHANNELS);
             if !o.has("channel") {
                 o.missing(d, "channel");
             }
@@ -401,13 +419,7 @@ fn notifications(
 }
 
 fn schedule(n: &Node, d: &mut Diagnostics) -> Option<Schedule> {
-    let o = Obj::new(
-        n,
-        "schedule",
-        &["cron", "summary", "severity", "labels", "team"],
-        &[],
-        d,
-    )?;
+    let o = Obj::new(n, "schedule", SCHEDULE_KEYS, &[], d)?;
     let cron = o.req_str(d, "cron")?;
     if let Err(e) = croner::Cron::new(&cron).with_seconds_optional().parse() {
         let node = o.get("cron").unwrap_or(n);
@@ -422,7 +434,9 @@ fn schedule(n: &Node, d: &mut Diagnostics) -> Option<Schedule> {
     Some(Schedule {
         cron,
         summary: o.str(d, "summary").unwrap_or_default(),
-        severity: o.str(d, "severity").unwrap_or_else(|| "info".into()),
+        severity: o
+            .str(d, "severity")
+            .unwrap_or_else(|| DEFAULT_SCHEDULE_SEVERITY.into()),
         labels: o
             .str_map(d, "labels")
             .unwrap_or_default()
@@ -433,13 +447,7 @@ fn schedule(n: &Node, d: &mut Diagnostics) -> Option<Schedule> {
 }
 
 fn budget(n: &Node, d: &mut Diagnostics) -> Option<Budget> {
-    let o = Obj::new(
-        n,
-        "budget",
-        &["max_tokens", "max_usd", "max_cost", "include_approx_cost"],
-        &[],
-        d,
-    )?;
+    let o = Obj::new(n, "budget", BUDGET_KEYS, &[], d)?;
     let max_tokens = o.u64(d, "max_tokens");
     let max_usd = o.f64(d, "max_usd").or_else(|| o.f64(d, "max_cost"));
     for (key, zero) in [
@@ -483,17 +491,8 @@ fn durable(n: &Node, d: &mut Diagnostics) -> Option<Durable> {
             max_resume_age_seconds: None,
         });
     }
-    let o = Obj::new(
-        n,
-        "durable",
-        &["on_interrupted", "max_resume_age_seconds"],
-        &[],
-        d,
-    )?;
-    let on_interrupted = match o
-        .choice(d, "on_interrupted", &["rerun", "escalate"])
-        .as_deref()
-    {
+    let o = Obj::new(n, "durable", DURABLE_KEYS, &[], d)?;
+    let on_interrupted = match o.choice(d, "on_interrupted", ON_INTERRUPTED).as_deref() {
         Some("escalate") => OnInterrupted::Escalate,
         _ => OnInterrupted::Rerun,
     };

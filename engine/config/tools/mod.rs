@@ -93,7 +93,8 @@ pub enum AgentTool {
     },
 }
 
-const TOOL_KEYS: &[&str] = &[
+/// The keys of one `tools:` entry.
+pub const TOOL_KEYS: &[&str] = &[
     "description",
     "parameters",
     "webhook",
@@ -101,6 +102,14 @@ const TOOL_KEYS: &[&str] = &[
     "effect",
     "approval",
 ];
+/// The words of a tool's `effect`; the last is the default.
+pub const TOOL_EFFECTS: &[&str] = &["read", "write"];
+/// The words of a tool's `approval`; the first is the default.
+pub const TOOL_APPROVALS: &[&str] = &["none", "required"];
+pub const WEBHOOK_TOOL_KEYS: &[&str] = &["url", "headers", "timeout_seconds"];
+pub const SHELL_TOOL_KEYS: &[&str] = &["command", "timeout_seconds"];
+/// The mapping form of an entry of an agent's `tools:` list.
+pub const AGENT_MCP_TOOL_KEYS: &[&str] = &["mcp", "only"];
 
 /// `tools:`, every entry decoded and checked.
 ///
@@ -149,11 +158,11 @@ fn decode_tool(
     let o = Obj::new(n, path, TOOL_KEYS, &[], d)?;
     let description = o.req_str(d, "description");
     let parameters = decode_parameters(&o, d);
-    let effect = match o.choice(d, "effect", &["read", "write"]).as_deref() {
+    let effect = match o.choice(d, "effect", TOOL_EFFECTS).as_deref() {
         Some("read") => ToolEffect::Read,
         _ => ToolEffect::Write,
     };
-    let approval = match o.choice(d, "approval", &["none", "required"]).as_deref() {
+    let approval = match o.choice(d, "approval", TOOL_APPROVALS).as_deref() {
         Some("required") => ApprovalRule::Required,
         _ => ApprovalRule::None,
     };
@@ -254,7 +263,7 @@ fn decode_webhook(
     (unset, secrets): (&Unset, &mut Vec<UnsetSecret>),
     d: &mut Diagnostics,
 ) -> Option<WebhookTool> {
-    let o = Obj::new(n, path, &["url", "headers", "timeout_seconds"], &[], d)?;
+    let o = Obj::new(n, path, WEBHOOK_TOOL_KEYS, &[], d)?;
     for (k, v) in o.get("headers").and_then(yaml::Node::as_map).unwrap_or(&[]) {
         if let (Some(name), Some(var)) = (k.scalar_text(), unset.empty_variable_at(&v.span)) {
             secrets.push(UnsetSecret {
@@ -278,7 +287,7 @@ fn decode_webhook(
 }
 
 fn decode_shell(n: &yaml::Node, path: &str, d: &mut Diagnostics) -> Option<ShellTool> {
-    let o = Obj::new(n, path, &["command", "timeout_seconds"], &[], d)?;
+    let o = Obj::new(n, path, SHELL_TOOL_KEYS, &[], d)?;
     if !o.has("command") {
         o.missing(d, "command");
         return None;
@@ -407,7 +416,7 @@ fn decode_tool_list(n: &yaml::Node, path: &str, d: &mut Diagnostics) -> Vec<Agen
             );
             continue;
         }
-        let Some(o) = Obj::new(item, &path, &["mcp", "only"], &[], d) else {
+        let Some(o) = Obj::new(item, &path, AGENT_MCP_TOOL_KEYS, &[], d) else {
             continue;
         };
         let Some(server) = o.req_str(d, "mcp") else {

@@ -34,6 +34,9 @@ pub const FIELDS: &[FieldSpec] = &[
     },
 ];
 
+/// The keys of `usage` (others are not read).
+pub const USAGE_KEYS: [&str; 3] = ["input_tokens", "output_tokens", "cost_usd"];
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct MockConfig {
     /// As written; string templates are rendered at pointers `output/...`.
@@ -92,12 +95,13 @@ pub(super) fn decode(f: &mut Fields<'_>, d: &mut Diagnostics) -> Option<MockConf
                     }
                 },
             };
-            let input_tokens = count("input_tokens", d);
-            let output_tokens = count("output_tokens", d);
-            let cost_usd = match n.get("cost_usd").filter(|v| !v.is_null()) {
+            let [input, output, cost] = USAGE_KEYS;
+            let input_tokens = count(input, d);
+            let output_tokens = count(output, d);
+            let cost_usd = match n.get(cost).filter(|v| !v.is_null()) {
                 None => None,
                 Some(v) => number(v).or_else(|| {
-                    f.wrong_type(d, v, &join(&path, "cost_usd"), "a number");
+                    f.wrong_type(d, v, &join(&path, cost), "a number");
                     None
                 }),
             };
