@@ -13,9 +13,9 @@ use std::sync::Arc;
 use crate::diag::{Diagnostics, Span};
 use crate::yaml;
 
-mod decode;
-mod mcp;
-mod tools;
+pub(crate) mod decode;
+pub(crate) mod mcp;
+pub(crate) mod tools;
 mod unset;
 pub use crate::domain::ToolEffect;
 use decode::{decode, expand_tree};
@@ -330,12 +330,10 @@ impl Config {
         let lookup = |k: &str| std::env::var(k).ok();
         let mut unset = unset::Unset::default();
         expand_tree(&mut root, &lookup, &mut unset);
-        let mut missing: Vec<String> = unset.names().collect();
-        missing.sort();
-        missing.dedup();
-        for name in missing {
+        // At the line that uses it, so the operator sees which setting is empty.
+        for (name, span) in unset.first_uses() {
             d.warning(
-                &Span::new(file.clone(), 1, 1),
+                &span,
                 "",
                 format!("environment variable `{name}` is not set; it expands to an empty string"),
             );

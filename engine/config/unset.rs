@@ -11,13 +11,20 @@ use crate::yaml;
 /// unset or empty, so a secret built from one fails closed (`Config::require_secrets`).
 #[derive(Debug, Default)]
 pub(super) struct Unset {
-    pub(super) missing: Vec<String>,
+    /// Each variable without a default that was unset, where it was used.
+    pub(super) missing: Vec<(String, Span)>,
     pub(super) by_node: Vec<(Span, String)>,
 }
 
 impl Unset {
-    pub(super) fn names(&self) -> impl Iterator<Item = String> + '_ {
-        self.missing.iter().cloned()
+    /// Each unset variable once, at the first place it is used.
+    pub(super) fn first_uses(&self) -> Vec<(String, Span)> {
+        let mut seen = std::collections::BTreeSet::new();
+        self.missing
+            .iter()
+            .filter(|(name, _)| seen.insert(name.clone()))
+            .cloned()
+            .collect()
     }
 
     /// The first `${VAR}` without a default that expanded empty inside the node at `span`.
