@@ -20,6 +20,7 @@ pub mod agent;
 pub mod http;
 pub mod mock;
 pub mod notify;
+pub mod scripted;
 pub mod shell;
 pub mod webhook;
 
@@ -95,6 +96,9 @@ pub trait Executor: Send + Sync {
 #[derive(Clone)]
 pub struct Executors {
     by_kind: BTreeMap<&'static str, Arc<dyn Executor>>,
+    /// Set by [`Executors::scripted`]: nothing leaves this process, not even
+    /// notifications, approval messages or an agent's model and tool calls.
+    scripted: bool,
 }
 
 fn key(kind: ExecutorKind) -> &'static str {
@@ -105,7 +109,30 @@ impl Executors {
     pub fn empty() -> Self {
         Executors {
             by_kind: BTreeMap::new(),
+            scripted: false,
         }
+    }
+
+    /// `vectorstep test`: `executor` answers every step of every kind the table
+    /// dispatches (agents included, without their tool loop); notifications are
+    /// recorded and not sent, approval messages not delivered.
+    pub fn scripted(executor: Arc<dyn Executor>) -> Self {
+        let mut e = Executors::empty();
+        for kind in [
+            ExecutorKind::Mock,
+            ExecutorKind::Shell,
+            ExecutorKind::Webhook,
+            ExecutorKind::Agent,
+        ] {
+            e.register(kind, executor.clone());
+        }
+        e.scripted = true;
+        e
+    }
+
+    /// Whether this is the table of [`Executors::scripted`].
+    pub fn is_scripted(&self) -> bool {
+        self.scripted
     }
 
     /// The standard set for `config`. `human` and `pipeline` are driven by the

@@ -52,7 +52,10 @@ pub(super) async fn call_once(spec: CallSpec<'_>) -> Result<Outcome, CallFailure
                 super::human::run(spec.services, &call, spec.human, spec.facts).await
             }
             // Tool-using agents run their loop here, journaled (see `agent`).
-            ExecutorKind::Agent if super::agent::runs_loop(&spec.services.config, &call) => {
+            ExecutorKind::Agent
+                if !spec.services.executors.is_scripted()
+                    && super::agent::runs_loop(&spec.services.config, &call) =>
+            {
                 let policy = spec
                     .pipeline
                     .durable

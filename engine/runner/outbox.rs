@@ -598,6 +598,11 @@ async fn mark(
 }
 
 async fn send(engine: &Arc<Services>, id: &str, d: &Delivery) -> Result<(), Failure> {
+    if engine.executors.is_scripted() {
+        // `vectorstep test`: recorded as sent, never sent.
+        tracing::debug!(channel = %d.channel, step = %d.step, "Scripted run: notification not sent.");
+        return Ok(());
+    }
     match Channel::parse(&d.channel) {
         Some(Channel::Log) => {
             tracing::warn!(target: "vectorstep::notification", action = %d.action, step = %d.step, "{}", d.text);
