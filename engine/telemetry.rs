@@ -28,10 +28,19 @@ pub const STEP_DURATION_BUCKETS: &[f64] = &[
 ];
 
 /// Every metric with its `# HELP` text (docs/operations.md lists them).
+/// Log fields whose value is logged as JSON text ([`json_text`]); the JSON log
+/// format embeds them as JSON, so a list is logged as a list.
+pub const JSON_FIELDS: &[&str] = &["labels", "in_flight", "added", "changed", "removed"];
+
+/// A value as JSON text, for the log fields of [`JSON_FIELDS`].
+pub fn json_text<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (RUNS_STARTED, "Runs started, by pipeline."),
     (RUNS_FINISHED, "Runs that reached a terminal status (interrupted included), by pipeline and status."),
-    (RUNS_IN_PROGRESS, "Runs this process is driving now."),
+    (RUNS_IN_PROGRESS, "Runs this process is driving now, runs parked on a human approval included."),
     (RUNS_RESUMED, "Runs resumed after a restart, by pipeline."),
     (RUNS_ADOPTED, "Runs taken over from another replica, by pipeline."),
     (RUNS_INTERRUPTED, "Runs ended as interrupted at a restart, by pipeline and reason."),
@@ -44,6 +53,9 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (WEBHOOKS, "Trigger requests, by source and answer (accepted, deduplicated, no_match, bad_request, ...)."),
     (NOTIFICATIONS, "Notifications sent, by channel and result."),
     (REPLICAS, "Replicas seen alive on the shared store, this one included."),
+    (AGENT_TURNS, "Agent model turns, by pipeline, agent and outcome (completed, reused, rerun, failed)."),
+    (TOOL_CALLS, "Agent tool calls, by pipeline, tool and outcome (completed, failed, reused, rerun, rejected)."),
+    (AGENT_REBILLED, "Model calls asked again after a crash (billed twice), by pipeline and agent."),
 ];
 
 /// Installs the Prometheus recorder: step durations as a histogram, every

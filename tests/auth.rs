@@ -49,7 +49,8 @@ fn slow() -> String {
 
 /// A service with auth configured, whose harness reads runs as the operator.
 async fn start_authed(extra: &str, pipelines: &[(&str, String)]) -> Intake {
-    let mut s = Intake::start("", extra, pipelines).await;
+    // At INFO: approval decisions are logged there.
+    let mut s = Intake::start_logging("info", "", extra, pipelines).await;
     s.bearer = Some(OPERATOR.into());
     // Redirects are answers here (the UI sends a visitor without a session to
     // the token form): seen, not followed.
@@ -189,6 +190,7 @@ const EXPECTED: &[(&str, &str, RouteClass, &str)] = &[
     ),
     ("GET", "/approvals", RouteClass::Operator, "/approvals"),
     ("GET", "/replicas", RouteClass::Operator, "/replicas"),
+    ("POST", "/-/reload", RouteClass::Operator, "/-/reload"),
     (
         "GET",
         "/approvals/:token",

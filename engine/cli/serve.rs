@@ -68,7 +68,10 @@ pub fn serve(cli: &Cli) -> anyhow::Result<i32> {
         let local = listener.local_addr()?;
         tracing::info!(address = %local, pipelines = engine.pipelines().len(), "Listening.");
         // Tests and supervisors read the bound port from this line.
-        println!("vectorstep listening on http://{local}");
+        super::logging::announce(
+            &format!("vectorstep listening on http://{local}"),
+            [("address".to_string(), serde_json::Value::from(local.to_string()))].into_iter().collect(),
+        );
         let (stop_http, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let app = router(state.clone());
         let limits = http_limits(&config);

@@ -20,7 +20,7 @@ fn load_counting(config: &Config, paths: &[PathBuf]) -> anyhow::Result<(Pipeline
     };
     let (set, diags) = pipeline::load(&paths, config);
     for d in diags.iter() {
-        eprintln!("{d}");
+        super::logging::diagnostic(d);
     }
     match set {
         Some(s) => Ok((s, diags.warnings().count())),
@@ -53,7 +53,7 @@ pub fn find_pipeline(config: &Config, name_or_file: &str) -> anyhow::Result<(Pip
     if as_path.is_file() {
         let (set, diags) = pipeline::load_file(as_path, &config.pipeline_config_dir, config);
         for d in diags.iter() {
-            eprintln!("{d}");
+            super::logging::diagnostic(d);
         }
         let Some(set) = set else {
             anyhow::bail!("{} error(s); nothing was loaded", diags.error_count());

@@ -202,7 +202,7 @@ async fn accept(
         crate::intake::Route::NoMatch => {
             crate::telemetry::webhook(source, "no_match");
             let severity = trigger.severity.as_deref().unwrap_or("none");
-            tracing::info!(source, severity, labels = ?trigger.labels, "Webhook matched no pipeline.");
+            tracing::info!(source, severity, labels = %crate::telemetry::json_text(&trigger.labels), "Webhook matched no pipeline.");
             let body = json!({"status": "no_match", "source": source, "severity": trigger.severity, "labels": trigger.labels,
                 "error": "no pipeline matched", "detail": format!("no loaded pipeline's trigger.match holds for source={source} severity={severity}")});
             // Alertmanager re-sends every 4xx each group_interval and raises its

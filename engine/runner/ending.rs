@@ -117,7 +117,7 @@ pub(super) async fn announce_resume(rs: &mut RunState, plan: &ResumePlan) -> Res
         pipeline = %rs.pipeline.name,
         steps_skipped = plan.steps_skipped,
         branches_skipped = plan.branches_skipped,
-        in_flight = ?plan.in_flight,
+        in_flight = %crate::telemetry::json_text(&plan.in_flight),
         on_interrupted = plan.on_interrupted.as_str(),
         resume_count = count,
         "Resuming run after restart."

@@ -472,7 +472,7 @@ impl Engine {
             // Logged only for the decision that won, after it is durable.
             self.store.commit(vec![ev]).await?;
             // At warn, beside "Approval requested": who decided is the audit trail.
-            tracing::warn!(target: "vectorstep::approval", run_id = %a.run_id, step = %a.step_path, decision = %status, by = %by,
+            tracing::info!(target: "vectorstep::approval", run_id = %a.run_id, step = %a.step_path, decision = %status, by = %by,
                 via = decider.via.unwrap_or("api"), client = decider.client.as_deref().unwrap_or(""),
                 "Approval {status} by {by}.");
             crate::telemetry::approval_decided(&a.pipeline_name, status.as_str());

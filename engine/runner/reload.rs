@@ -215,9 +215,9 @@ pub async fn reload(engine: &Arc<Engine>) -> Result<Reloaded, ReloadRefused> {
     let generation = engine.swap_pipelines(set, &in_use);
     tracing::info!(
         pipelines = count,
-        added = ?change.added,
-        changed = ?change.changed,
-        removed = ?change.removed,
+        added = %crate::telemetry::json_text(&change.added),
+        changed = %crate::telemetry::json_text(&change.changed),
+        removed = %crate::telemetry::json_text(&change.removed),
         generation,
         "Pipelines reloaded."
     );

@@ -461,7 +461,13 @@ async fn spawn(dir: &Path, log: &Path, generation: u32, env: &[(&str, &str)]) ->
         let mut tx = Some(tx);
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
-            if let Some(addr) = line.strip_prefix("vectorstep listening on http://") {
+            // Text, or with `logging.format: json` an object with `fields.address`.
+            let json: Option<serde_json::Value> = serde_json::from_str(&line).ok();
+            let addr = match &json {
+                Some(v) => v["fields"]["address"].as_str(),
+                None => line.strip_prefix("vectorstep listening on http://"),
+            };
+            if let Some(addr) = addr {
                 if let Some(port) = addr.rsplit(':').next().and_then(|p| p.trim().parse().ok()) {
                     if let Some(tx) = tx.take() {
                         let _ = tx.send(port);
