@@ -24,6 +24,8 @@
 //!   provider; imports neither `runner` nor `store`.
 //! - [`executor`]: one file per executor kind behind the `Executor` trait; touches no
 //!   store, decides no run status.
+//! - [`fixture`]: the cases of `vectorstep test` (trigger, scripted answers,
+//!   expectations) and the pure comparison of a run with them; runs nothing.
 //! - [`runner`]: the driver that performs what `run` decides (steps, groups,
 //!   approvals, ends, resumes); parses no YAML, speaks no HTTP, never imports
 //!   `telegram`. Its units use `runner::Services`, never the `Engine`.
@@ -38,6 +40,8 @@
 //!   runner's `ApprovalDesk`.
 //! - [`mcp`]: the MCP client edge (stdio children, streamable HTTP through
 //!   `rmcp`), one shared session per configured server; `run` never imports it.
+//! - [`schema`]: JSON Schemas of pipeline files and config.yaml, built from the
+//!   decoders' key lists; does no I/O.
 //! - [`view`]: the run JSON of `GET /runs/{id}` and the terminal table.
 //! - [`telemetry`]: every metric name and the helpers that update them.
 //! - [`clock`]: injected time, so tests can move it.
@@ -53,12 +57,14 @@ pub mod diag;
 pub mod domain;
 pub mod events;
 pub mod executor;
+pub mod fixture;
 pub mod http;
 pub mod intake;
 pub mod mcp;
 pub mod pipeline;
 pub mod run;
 pub mod runner;
+pub mod schema;
 pub mod store;
 pub mod telegram;
 pub mod telemetry;

@@ -13,11 +13,17 @@ pub const USAGE: i32 = 64;
 mod approvals;
 mod completions;
 mod demo_mcp;
+mod healthcheck;
+pub mod logging;
+#[cfg(test)]
+mod reference_doc;
 mod replicas;
 mod run;
 mod runs;
+mod schema;
 mod serve;
 mod store;
+mod test;
 mod tools;
 mod validate;
 
@@ -129,6 +135,32 @@ pub enum Command {
     Store {
         #[command(subcommand)]
         command: StoreCommand,
+    },
+    /// Exit 0 when the server's `GET /readyz` answers 200 within 3 s, else 1 with
+    /// the reason on stderr (a container's health check; needs no config file).
+    Healthcheck {
+        /// The server's base URL (default: from config.yaml `server` when the file
+        /// exists, else http://127.0.0.1:8000).
+        #[arg(long, env = "VECTORSTEP_URL")]
+        url: Option<String>,
+    },
+    /// Print the JSON Schema of pipeline files (default) or of config.yaml, for
+    /// editors and CI: `vectorstep schema > vectorstep.schema.json`.
+    Schema {
+        /// Which files the schema describes.
+        #[arg(value_enum, default_value_t = schema::SchemaKind::Pipeline)]
+        which: schema::SchemaKind,
+    },
+    /// Run a pipeline against scripted executor answers from fixture files (no
+    /// network, no side effects, a store in a temp folder) and compare each run
+    /// with its expectations; exit 0 when every case passes, 1 otherwise.
+    Test {
+        /// The pipeline: a name in the configured folder, or a file.
+        pipeline: String,
+        /// The folder of cases, one YAML file each (default: fixtures/<name>/
+        /// beside the pipeline's file).
+        #[arg(long, value_name = "DIR")]
+        fixtures: Option<PathBuf>,
     },
     /// Print shell completions: `vectorstep completions bash > /etc/bash_completion.d/vectorstep`.
     Completions {
@@ -287,24 +319,9 @@ pub enum RunsCommand {
     },
 }
 
-/// Installs the log subscriber: `RUST_LOG` wins, else `default_level` for one-shot
-/// commands or the configured level for the server.
+/// Installs the log subscriber (`logging::init`).
 pub fn init_logging(config: &vectorstep::config::Config, default_level: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
-    // Colours only for a person at a terminal: a log file or journald gets plain
-    // text, not escape codes.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    let _ = if config.logging.json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+    logging::init(config, default_level);
 }
 
 /// `--set`'s `KEY=VALUE`, refused by the parser (a usage error) otherwise.
@@ -331,6 +348,14 @@ fn quiet_on_closed_pipe() {
         if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
             std::process::exit(0);
         }
+        if logging::is_json() {
+            let mut fields = serde_json::Map::new();
+            if let Some(at) = info.location() {
+                fields.insert("location".into(), serde_json::Value::from(at.to_string()));
+            }
+            logging::line(tracing::Level::ERROR, &format!("panic: {message}"), fields);
+            return;
+        }
         default(info);
     }));
 }
@@ -345,14 +370,27 @@ pub fn load_config(path: &std::path::Path) -> anyhow::Result<vectorstep::config:
     load_config_counting(path).map(|(config, _)| config)
 }
 
-/// [`load_config`], with the number of warnings it printed.
+/// [`load_config`] with its warnings and errors printed as printed by [`logging`].
 pub fn load_config_counting(
     path: &std::path::Path,
 ) -> anyhow::Result<(vectorstep::config::Config, usize)> {
+    load_config_as(path, false)
+}
+
+/// Loads the config, printing its warnings (as log lines in its log format for an
+/// `acting` command); the number of warnings.
+fn load_config_as(
+    path: &std::path::Path,
+    acting: bool,
+) -> anyhow::Result<(vectorstep::config::Config, usize)> {
     match vectorstep::config::Config::load(path, config_is_explicit()) {
         Ok((config, warnings)) => {
+            // An acting command's warnings are log lines, in its log format.
+            if acting {
+                logging::use_format_of(&config);
+            }
             for w in warnings.iter() {
-                eprintln!("{w}");
+                logging::diagnostic(w);
             }
             Ok((config, warnings.iter().count()))
         }
@@ -368,9 +406,11 @@ pub fn load_config_counting(
 /// every secret that expanded empty from a `${VAR}` without a default stops the
 /// start, naming the key and the variable, instead of silently disabling a check.
 pub fn load_acting_config(path: &std::path::Path) -> anyhow::Result<vectorstep::config::Config> {
-    let config = load_config(path)?;
+    let (config, _) = load_config_as(path, true)?;
     if let Err(d) = config.require_secrets() {
-        eprint!("{d}");
+        for e in d.iter() {
+            logging::diagnostic(e);
+        }
         anyhow::bail!(
             "{} secret(s) in {} expand to nothing; refusing to start with them disabled",
             d.error_count(),
@@ -394,6 +434,9 @@ pub fn main() -> i32 {
         Command::Serve => serve::serve(&cli),
         Command::Validate { paths, strict } => validate::validate(&cli, paths, *strict),
         Command::Completions { shell } => Ok(completions::print(*shell)),
+        Command::Schema { which } => schema::print(*which),
+        Command::Test { pipeline, fixtures } => test::test(&cli, pipeline, fixtures.as_ref()),
+        Command::Healthcheck { url } => healthcheck::check(&cli, url.as_deref()),
         Command::Fingerprint { pipeline } => validate::fingerprint(&cli, pipeline),
         Command::Tools {
             command: ToolsCommand::List { agent },
@@ -482,10 +525,28 @@ pub fn main() -> i32 {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            logging::line(tracing::Level::ERROR, &error_text(&e), Default::default());
             1
         }
     }
+}
+
+/// An error with its causes, each said once: many of the library's messages
+/// already end with their source's text (`cannot read x: No such file`), which
+/// `{:#}` would repeat.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
 }
 
 /// The store `config` names (SQLite file or PostgreSQL URL), with the place in the
@@ -506,6 +567,15 @@ pub(crate) fn open_store(
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    #[test]
+    fn an_error_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let e = anyhow::Error::new(io).context("cannot read nope.yaml: No such file or directory");
+        assert_eq!(super::error_text(&e), "cannot read nope.yaml: No such file or directory");
+        let e = anyhow::anyhow!("disk full").context("cannot open the store");
+        assert_eq!(super::error_text(&e), "cannot open the store: disk full");
+    }
 
     /// Every command, flag and argument explains itself in `--help`.
     #[test]
