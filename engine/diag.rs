@@ -158,6 +158,18 @@ impl Diagnostics {
             .filter(|d| d.severity == Severity::Warning)
     }
 
+    /// How many diagnostics there are so far.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Rewrites the field path of every diagnostic from index `start` on.
+    pub fn relabel_from(&mut self, start: usize, relabel: impl Fn(&str) -> String) {
+        for d in self.items.iter_mut().skip(start) {
+            d.path = relabel(&d.path);
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }

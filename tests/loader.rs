@@ -114,52 +114,52 @@ fn invalid_fixtures_match_their_snapshots() {
 /// the engine places a block mapping at the `:` of its first key.
 #[rustfmt::skip]
 const FIRST_ERROR: &[(&str, usize, usize, &str, &str)] = &[
-    ("agent-missing", 7, 22, "steps[0].executor_config", "the agent executor needs `executor_config.agent`"),
-    ("agent-unknown", 8, 14, "steps[0].executor_config.agent", "unknown agent `sre-triage`"),
+    ("agent-missing", 7, 22, "steps[0] (triage).executor_config", "the agent executor needs `executor_config.agent`"),
+    ("agent-unknown", 8, 14, "steps[0] (triage).executor_config.agent", "unknown agent `sre-triage`"),
     ("bad-cron", 5, 9, "schedule.cron", "invalid cron expression `every 15 minutes`"),
     ("bad-durable-policy", 5, 19, "durable.on_interrupted", "`retry` is not one of: rerun, escalate"),
-    ("bad-join", 7, 13, "steps[0].parallel.join", "`majority` is not one of: all_must_pass, any_must_pass, weighted_average"),
+    ("bad-join", 7, 13, "steps[0] (gather).parallel.join", "`majority` is not one of: all_must_pass, any_must_pass, weighted_average"),
     ("bad-match-operator", 5, 16, "trigger.match.severity", "unknown match operator `like`"),
     ("bad-match-regex", 5, 22, "trigger.match.service.regex", "invalid regular expression `([a-z`"),
-    ("bad-on-empty", 12, 17, "steps[1].fan_out.on_empty", "`ignore` is not one of: complete, skip, abort"),
-    ("bad-on-failure-string", 9, 17, "steps[0].on_failure", "`retry` is not one of: abort, continue"),
-    ("bad-on-low-confidence", 9, 24, "steps[0].on_low_confidence", "`ignore` is not one of: escalate, abort, proceed"),
+    ("bad-on-empty", 12, 17, "steps[1] (per-service).fan_out.on_empty", "`ignore` is not one of: complete, skip, abort"),
+    ("bad-on-failure-string", 9, 17, "steps[0] (triage).on_failure", "`retry` is not one of: abort, continue"),
+    ("bad-on-low-confidence", 9, 24, "steps[0] (triage).on_low_confidence", "`ignore` is not one of: escalate, abort, proceed"),
     ("bad-stage", 4, 8, "stage", "`staging` is not one of: testing, production"),
     ("bad-template-notification", 7, 15, "notifications.escalate.template", "template syntax error"),
-    ("bad-template-over", 11, 13, "steps[1].fan_out.over", "template syntax error"),
-    ("bad-template-payload", 14, 17, "steps[0].on_failure.webhook.payload.text", "template syntax error"),
+    ("bad-template-over", 11, 13, "steps[1] (per-service).fan_out.over", "template syntax error"),
+    ("bad-template-payload", 14, 17, "steps[0] (triage).on_failure.webhook.payload.text", "template syntax error"),
     // The block scalar's third line, where `{{ labels.x ` is left open.
-    ("bad-template-prompt", 12, 7, "steps[0].prompt_template", "template syntax error"),
-    ("bad-when", 13, 11, "steps[1].when", "`steps.a.confidence >` is not a valid expression"),
-    ("branch-retry-not-allowed", 13, 11, "steps[0].parallel.steps[0]", "unknown key `retry`"),
+    ("bad-template-prompt", 12, 7, "steps[0] (triage).prompt_template", "template syntax error"),
+    ("bad-when", 13, 11, "steps[1] (b).when", "`steps.a.confidence >` is not a valid expression"),
+    ("branch-retry-not-allowed", 13, 11, "steps[0] (gather).parallel.steps[0] (gather/logs)", "unknown key `retry`"),
     ("budget-without-limit", 5, 3, "budget", "a budget needs a limit"),
     ("budget-zero-limit", 5, 15, "budget.max_tokens", "a budget limit must be > 0"),
-    ("duplicate-branch-name", 13, 17, "steps[0].parallel.steps[1].name", "duplicate step name `gather/logs`"),
-    ("duplicate-step-name", 9, 11, "steps[1].name", "duplicate step name `triage`"),
-    ("fan-out-max-items-zero", 12, 18, "steps[1].fan_out.max_items", "must be at least 1, found 0"),
-    ("fan-out-missing-over", 10, 7, "steps[1].fan_out", "missing required field `over`"),
-    ("loop-confidence-out-of-range", 9, 30, "steps[0].loop_until.confidence", "1.2 is outside 0..1"),
-    ("loop-max-iterations-zero", 9, 51, "steps[0].loop_until.max_iterations", "must be at least 1, found 0"),
-    ("missing-executor", 5, 5, "steps[0]", "missing required field `executor`"),
+    ("duplicate-branch-name", 13, 17, "steps[0] (gather).parallel.steps[1] (gather/logs).name", "duplicate step name `gather/logs`"),
+    ("duplicate-step-name", 9, 11, "steps[1] (triage).name", "duplicate step name `triage`"),
+    ("fan-out-max-items-zero", 12, 18, "steps[1] (per-service).fan_out.max_items", "must be at least 1, found 0"),
+    ("fan-out-missing-over", 10, 7, "steps[1] (per-service).fan_out", "missing required field `over`"),
+    ("loop-confidence-out-of-range", 9, 30, "steps[0] (triage).loop_until.confidence", "1.2 is outside 0..1"),
+    ("loop-max-iterations-zero", 9, 51, "steps[0] (triage).loop_until.max_iterations", "must be at least 1, found 0"),
+    ("missing-executor", 5, 5, "steps[0] (triage)", "missing required field `executor`"),
     ("missing-name", 2, 1, "", "missing required field `name`"),
-    ("mock-fail-wrong-type", 8, 13, "steps[0].executor_config.fail", "expected a boolean or a message, found an integer"),
+    ("mock-fail-wrong-type", 8, 13, "steps[0] (triage).executor_config.fail", "expected a boolean or a message, found an integer"),
     ("notification-missing-template", 6, 7, "notifications.escalate[0]", "missing required field `template`"),
-    ("notify-unknown-channel", 8, 16, "steps[0].executor_config.channel", "unknown notify channel"),
-    ("parallel-missing-steps", 6, 7, "steps[0].parallel", "missing required field `steps`"),
-    ("retry-attempts-zero", 9, 23, "steps[0].retry.attempts", "must be at least 1, found 0"),
-    ("retry-bad-backoff", 9, 35, "steps[0].retry.backoff", "`linear` is not one of: fixed, exponential"),
-    ("shell-command-string", 8, 16, "steps[0].executor_config.command", "expected an argv list, found a string"),
-    ("shell-env-not-a-mapping", 9, 12, "steps[0].executor_config.env", "expected a mapping, found a string"),
+    ("notify-unknown-channel", 8, 16, "steps[0] (announce).executor_config.channel", "unknown notify channel"),
+    ("parallel-missing-steps", 6, 7, "steps[0] (gather).parallel", "missing required field `steps`"),
+    ("retry-attempts-zero", 9, 23, "steps[0] (triage).retry.attempts", "must be at least 1, found 0"),
+    ("retry-bad-backoff", 9, 35, "steps[0] (triage).retry.backoff", "`linear` is not one of: fixed, exponential"),
+    ("shell-command-string", 8, 16, "steps[0] (disk).executor_config.command", "expected an argv list, found a string"),
+    ("shell-env-not-a-mapping", 9, 12, "steps[0] (disk).executor_config.env", "expected a mapping, found a string"),
     ("step-missing-name", 9, 5, "steps[1]", "missing required field `name`"),
     ("subpipeline-unknown", 8, 17, "steps[0].executor_config.pipeline", "unknown pipeline `does-not-exist`"),
-    ("threshold-out-of-range", 9, 27, "steps[0].confidence_threshold", "1.5 is outside 0..1"),
-    ("unknown-executor", 6, 15, "steps[0].executor", "unknown executor `lambda`"),
-    ("unknown-key-typo", 9, 5, "steps[0]", "unknown key `on_low_confidnce`"),
+    ("threshold-out-of-range", 9, 27, "steps[0] (triage).confidence_threshold", "1.5 is outside 0..1"),
+    ("unknown-executor", 6, 15, "steps[0] (triage).executor", "unknown executor `lambda`"),
+    ("unknown-key-typo", 9, 5, "steps[0] (triage)", "unknown key `on_low_confidnce`"),
     ("unknown-top-level-key", 4, 1, "", "unknown key `step`"),
     ("unknown-use", 9, 10, "steps[1].use", "unknown library step `no-such-step`"),
-    ("webhook-missing-url", 8, 7, "steps[0].executor_config", "the webhook executor needs `executor_config.url`"),
+    ("webhook-missing-url", 8, 7, "steps[0] (notify-deploy-tracker).executor_config", "the webhook executor needs `executor_config.url`"),
     ("wrong-type-steps", 5, 3, "steps", "expected a list of steps, found a mapping"),
-    ("wrong-type-threshold", 9, 27, "steps[0].confidence_threshold", "expected a number, found a string"),
+    ("wrong-type-threshold", 9, 27, "steps[0] (triage).confidence_threshold", "expected a number, found a string"),
 ];
 
 /// Fixtures left out of [`FIRST_ERROR`] because the engine does not yet point at
@@ -229,7 +229,7 @@ fn diagnostics_render_file_line_col_path_message_and_hint() {
     let path = fixtures().join("invalid/unknown-key-typo.yaml");
     let (_, d) = load_one(&path, &config);
     let expected = format!(
-        "{}:9:5: error: steps[0]: unknown key `on_low_confidnce`\n    hint: did you mean `on_low_confidence`?\n",
+        "{}:9:5: error: steps[0] (triage): unknown key `on_low_confidnce`\n    hint: did you mean `on_low_confidence`?\n",
         path.display()
     );
     assert_eq!(d.to_string(), expected);
@@ -369,9 +369,9 @@ fn warnings_do_not_fail_validation() {
         let hits = lines_with(&stderr, needle);
         assert_eq!(hits.len(), 1, "`{needle}` should appear once:\n{stderr}");
     };
-    one("verifier-and-grounding.yaml:11:5: warning: steps[0].verifier: `verifier` is a VectorStep feature");
-    one("verifier-and-grounding.yaml:16:5: warning: steps[0].grounding: `grounding` is a VectorStep feature");
-    one("forward-step-reference.yaml:10:22: warning: steps[0].prompt_template: `steps.later_step` refers to a step that does not run before `first`");
+    one("verifier-and-grounding.yaml:11:5: warning: steps[0] (triage).verifier: `verifier` is a VectorStep feature");
+    one("verifier-and-grounding.yaml:16:5: warning: steps[0] (triage).grounding: `grounding` is a VectorStep feature");
+    one("forward-step-reference.yaml:10:22: warning: steps[0] (first).prompt_template: `steps.later_step` refers to a step that does not run before `first`");
 }
 
 /// Keys an executor does not read load with a warning that names the key, where
@@ -392,8 +392,8 @@ fn unknown_executor_config_keys_are_warnings_with_a_suggestion() {
     assert_eq!(
         warnings,
         [
-            "tests/fixtures/executor-config-warnings/misspelt-key.yaml:10:7: warning: steps[0].executor_config.methd: unknown key `methd` for the webhook executor; it is ignored",
-            "tests/fixtures/executor-config-warnings/misspelt-key.yaml:13:23: warning: steps[1].executor_config.channel: unknown key `channel` for the human executor; it is ignored",
+            "tests/fixtures/executor-config-warnings/misspelt-key.yaml:10:7: warning: steps[0] (tell-tracker).executor_config.methd: unknown key `methd` for the webhook executor; it is ignored",
+            "tests/fixtures/executor-config-warnings/misspelt-key.yaml:13:23: warning: steps[1] (approve).executor_config.channel: unknown key `channel` for the human executor; it is ignored",
         ],
         "{stderr}"
     );

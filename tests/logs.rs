@@ -163,7 +163,10 @@ async fn with_format_json_every_line_is_json() {
     assert!(err.len() > 5, "{err:#?}");
     let unset = find(&err, "VS_TEST_UNSET_SUFFIX");
     assert_eq!(unset["level"], "WARN", "{unset}");
-    assert_eq!(unset["fields"]["line"], 6, "at the line that uses it: {unset}");
+    assert_eq!(
+        unset["fields"]["line"], 6,
+        "at the line that uses it: {unset}"
+    );
     let later = find(&err, "steps.second");
     assert_eq!(later["level"], "WARN", "{later}");
     assert!(

@@ -572,7 +572,10 @@ mod tests {
     fn an_error_says_each_cause_once() {
         let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
         let e = anyhow::Error::new(io).context("cannot read nope.yaml: No such file or directory");
-        assert_eq!(super::error_text(&e), "cannot read nope.yaml: No such file or directory");
+        assert_eq!(
+            super::error_text(&e),
+            "cannot read nope.yaml: No such file or directory"
+        );
         let e = anyhow::anyhow!("disk full").context("cannot open the store");
         assert_eq!(super::error_text(&e), "cannot open the store: disk full");
     }

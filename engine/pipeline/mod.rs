@@ -14,6 +14,7 @@ pub mod fingerprint;
 pub mod library;
 pub mod loader;
 pub mod model;
+pub(crate) mod step_labels;
 pub(crate) mod steps;
 pub mod template;
 pub(crate) mod validate;

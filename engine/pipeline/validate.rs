@@ -56,6 +56,23 @@ pub fn pipeline(
     library: &Library,
     d: &mut Diagnostics,
 ) -> Option<(Pipeline, Vec<SubpipelineRef>)> {
+    let start = d.len();
+    let validated = pipeline_unlabelled(root, file, config, library, d);
+    // Every field path that runs through a step also names it.
+    let labels = super::step_labels::step_labels(root);
+    if !labels.is_empty() {
+        d.relabel_from(start, |path| super::step_labels::label_path(path, &labels));
+    }
+    validated
+}
+
+fn pipeline_unlabelled(
+    root: &Node,
+    file: &Path,
+    config: &Config,
+    library: &Library,
+    d: &mut Diagnostics,
+) -> Option<(Pipeline, Vec<SubpipelineRef>)> {
     let o = Obj::new(root, "", PIPELINE_KEYS, PIPELINE_IGNORED_KEYS, d)?;
     let mut cx = Ctx::for_pipeline(config, library);
     let name = o.req_str(d, "name");
