@@ -60,6 +60,26 @@ impl fmt::Display for Diagnostic {
     }
 }
 
+impl Diagnostic {
+    /// Where it is, which field, what and how to fix, as JSON fields (the reload
+    /// API's 422 and the JSON log both use these names).
+    pub fn fields_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        let severity = match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        m.insert("severity".into(), severity.into());
+        m.insert("file".into(), self.span.file.as_ref().into());
+        m.insert("line".into(), self.span.line.into());
+        m.insert("column".into(), self.span.col.into());
+        m.insert("path".into(), self.path.as_str().into());
+        m.insert("message".into(), self.message.as_str().into());
+        m.insert("hint".into(), self.hint.as_deref().into());
+        m
+    }
+}
+
 /// An ordered collection of diagnostics.
 #[derive(Debug, Default, Clone)]
 pub struct Diagnostics {

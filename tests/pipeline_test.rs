@@ -184,6 +184,24 @@ answers:
 expect: {status: completed}
 "#;
 
+/// `vectorstep test effects` with the config and fixtures of `root`, off the runtime.
+async fn test_effects(root: &Path) -> Output {
+    let config = root.join("config.yaml").display().to_string();
+    let fixtures = root.join("fixtures").display().to_string();
+    tokio::task::spawn_blocking(move || {
+        vectorstep(&[
+            "--config",
+            &config,
+            "test",
+            "effects",
+            "--fixtures",
+            &fixtures,
+        ])
+    })
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_leaves_the_process() {
     let peer = HoldingPeer::answering(Reply::ok()).await;
@@ -215,20 +233,7 @@ async fn nothing_leaves_the_process() {
     for (name, case) in [("approved.yaml", APPROVED), ("api-fails.yaml", API_FAILS)] {
         std::fs::write(root.join("fixtures").join(name), case).unwrap();
     }
-    let config = root.join("config.yaml").display().to_string();
-    let fixtures = root.join("fixtures").display().to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        vectorstep(&[
-            "--config",
-            &config,
-            "test",
-            "effects",
-            "--fixtures",
-            &fixtures,
-        ])
-    })
-    .await
-    .unwrap();
+    let out = test_effects(root).await;
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("2 case(s): 2 passed, 0 failed"), "{said}");
@@ -243,20 +248,7 @@ async fn nothing_leaves_the_process() {
 
     // A human step the case does not decide fails the case at once, saying what to add.
     std::fs::write(root.join("fixtures").join("no-decision.yaml"), NO_DECISION).unwrap();
-    let config = root.join("config.yaml").display().to_string();
-    let fixtures = root.join("fixtures").display().to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        vectorstep(&[
-            "--config",
-            &config,
-            "test",
-            "effects",
-            "--fixtures",
-            &fixtures,
-        ])
-    })
-    .await
-    .unwrap();
+    let out = test_effects(root).await;
     let said = text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(

@@ -74,16 +74,11 @@ pub fn diagnostic(d: &Diagnostic) {
         Severity::Error => Level::ERROR,
         Severity::Warning => Level::WARN,
     };
-    let mut fields = Map::new();
-    fields.insert("file".into(), Value::from(d.span.file.as_ref()));
-    fields.insert("line".into(), Value::from(d.span.line));
-    fields.insert("column".into(), Value::from(d.span.col));
-    if !d.path.is_empty() {
-        fields.insert("path".into(), Value::from(d.path.as_str()));
-    }
-    if let Some(h) = &d.hint {
-        fields.insert("hint".into(), Value::from(h.as_str()));
-    }
+    // The message is the whole diagnostic as printed; the level says the severity.
+    let mut fields = d.fields_json();
+    fields.remove("message");
+    fields.remove("severity");
+    fields.retain(|k, v| !(v.is_null() || (k == "path" && v == "")));
     line(level, &d.to_string(), fields);
 }
 

@@ -12,7 +12,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::{ApiError, AppState, Principal};
-use crate::diag::{Diagnostic, Severity};
+use crate::diag::Diagnostic;
 use crate::runner::reload;
 
 pub async fn reload(
@@ -39,14 +39,7 @@ pub async fn reload(
 
 /// One diagnostic as the 422 lists it: where, which field, what, how to fix.
 pub fn diagnostic_json(d: &Diagnostic) -> Value {
-    json!({
-        "severity": match d.severity { Severity::Error => "error", Severity::Warning => "warning" },
-        "file": d.span.file.as_ref(),
-        "line": d.span.line,
-        "column": d.span.col,
-        "path": d.path,
-        "message": d.message,
-        "hint": d.hint,
-        "text": d.to_string(),
-    })
+    let mut fields = d.fields_json();
+    fields.insert("text".into(), Value::from(d.to_string()));
+    Value::Object(fields)
 }
